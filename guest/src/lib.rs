@@ -1,0 +1,20 @@
+//! kata-addons policy: every decision about ConfigMap keys, defaults, validation,
+//! providers and the drop-in TOML, as plain Rust.
+//!
+//! The same code is compiled natively (unit tests, fuzzing, the host's benchmarks) and
+//! to `wasm32-wasip2` as a WebAssembly component that imports nothing (see
+//! [`component`](crate) on wasm32). It performs no I/O and reads no clock.
+
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+pub mod types;
+
+mod policy;
+
+pub use policy::{env, plan, render};
+pub use types::*;
+
+#[cfg(target_arch = "wasm32")]
+mod component;

@@ -1,0 +1,1 @@
+//! kata-addons: the native runner.
