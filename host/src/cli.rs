@@ -1,0 +1,215 @@
+//! Command-line interface (clap). The contract is DESIGN.md §5.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Install custom Kata Containers guest artifacts (kernel, initrd, image) from OCI images.
+#[derive(Debug, Parser)]
+#[command(name = "kata-addons", version, about, long_about = None)]
+pub struct Cli {
+    /// Options that apply to every command.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options accepted by every command.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Run this policy component instead of the embedded one.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Longest time one policy call may run, in seconds.
+    #[arg(long, global = true, value_name = "SECONDS", default_value_t = 1.0)]
+    pub policy_timeout: f64,
+    /// Most linear memory one policy call may use, in MiB.
+    #[arg(long, global = true, value_name = "MIB", default_value_t = 64)]
+    pub policy_memory: u64,
+    /// Where compiled policy components are cached (default: $XDG_CACHE_HOME/kata-addons).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where the addon configuration comes from (else the `ADDON_*` environment).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConfigArgs {
+    /// A ConfigMap as YAML or JSON (whole object or bare key/value map); `-` for stdin.
+    #[arg(long, value_name = "FILE", conflicts_with = "configmap_dir")]
+    pub configmap: Option<PathBuf>,
+    /// A ConfigMap mounted as a volume: one file per key.
+    #[arg(long, value_name = "DIR")]
+    pub configmap_dir: Option<PathBuf>,
+}
+
+/// How to reach registries.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RegistryArgs {
+    /// containers auth.json / docker config.json with credentials.
+    #[arg(long, value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
+    /// containers-registries.conf (v2) with mirrors, insecure and blocked registries.
+    #[arg(long, value_name = "FILE")]
+    pub registries_conf: Option<PathBuf>,
+    /// Directory of extra CA certificates (`*.crt`).
+    #[arg(long, value_name = "DIR")]
+    pub cert_dir: Option<PathBuf>,
+    /// Use plain HTTP for this registry (repeatable).
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+    /// Platform to select from an image index (default: this machine's).
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
+    pub platform: Option<String>,
+    /// Longest wait for any registry response or progress, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub timeout: u64,
+}
+
+/// Where on the node to work.
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// The node's root filesystem (the DaemonSet mounts it at /host).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// Longest wait for another kata-addons run on this node, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub lock_timeout: u64,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the policy only: print env, plan and the drop-in install would write.
+    Preview {
+        /// Configuration source.
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = PreviewFormat::Text)]
+        output: PreviewFormat,
+    },
+    /// Pull an image and extract the named in-image paths into a directory.
+    Fetch {
+        /// Image reference (`registry/repo[:tag][@digest]` or `oci:/layout[:tag]`).
+        #[arg(long, value_name = "REF")]
+        image: String,
+        /// Absolute in-image path to extract (repeatable).
+        #[arg(long = "path", value_name = "PATH", required = true)]
+        paths: Vec<String>,
+        /// Directory to write the files into.
+        #[arg(long, value_name = "DIR")]
+        dest: PathBuf,
+        /// Registry access.
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Pull, verify, install and commit the addon on this node.
+    Install {
+        /// Configuration source.
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Registry access.
+        #[command(flatten)]
+        registry: RegistryArgs,
+        /// Node location.
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Remove exactly what the state records.
+    Uninstall {
+        /// Node location.
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Verify the installed files and drop-in against the state (exit 3: none, 4: drifted).
+    Status {
+        /// Node location.
+        #[command(flatten)]
+        node: NodeArgs,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = StatusFormat::Text)]
+        output: StatusFormat,
+    },
+    /// DaemonSet entry point: do the action, report readiness, wait for SIGTERM.
+    Daemon {
+        /// What to do on this node.
+        #[arg(long, value_enum, env = "ADDON_ACTION", default_value_t = Action::Install)]
+        action: Action,
+        /// Configuration source.
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Registry access.
+        #[command(flatten)]
+        registry: RegistryArgs,
+        /// Node location.
+        #[command(flatten)]
+        node: NodeArgs,
+        /// File created once the action succeeded (readiness marker).
+        #[arg(long, value_name = "FILE", default_value = "/tmp/kata-addons-ready")]
+        ready_file: PathBuf,
+        /// How often to check a `--configmap-dir` for changes, in seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+        poll_interval: f64,
+    },
+    /// Policy component tools.
+    Policy {
+        /// Policy subcommand.
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+}
+
+/// `policy` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Write the policy component (embedded, or `--policy`) to FILE.
+    Export {
+        /// Destination file.
+        file: PathBuf,
+    },
+}
+
+/// `preview` output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PreviewFormat {
+    /// Human-readable summary.
+    Text,
+    /// One JSON object: `env`, `artifacts`, `dropIns`, `plan`.
+    Json,
+    /// `NAME=value` lines, shell-quoted.
+    Env,
+    /// A Kubernetes `env:` list for a DaemonSet.
+    Yaml,
+}
+
+/// `status` output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFormat {
+    /// Human-readable summary.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
+/// `daemon` actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Action {
+    /// Install (and keep reconciling).
+    Install,
+    /// Uninstall.
+    Uninstall,
+}
