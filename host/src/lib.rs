@@ -3,10 +3,15 @@
 
 pub mod cli;
 pub mod configmap;
+pub mod daemon;
+pub mod install;
 pub mod layout;
+pub mod lock;
 pub mod logging;
+pub mod node;
 pub mod policy;
 pub mod preview;
+pub mod state;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -60,9 +65,89 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             eprintln!("wrote {} ({} bytes)", file.display(), bytes.len());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Fetch { .. } => bail!("fetch: not available in this build yet"),
-        Command::Install { .. } | Command::Uninstall { .. } | Command::Status { .. } | Command::Daemon { .. } => {
-            bail!("this command is not available in this build yet")
+        Command::Fetch { image, paths, dest, registry } => {
+            runtime()?.block_on(fetch::run_fetch(&image, &paths, &dest, &registry))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Install { config, registry, node } => {
+            let input = configmap::Input::load(&config)?;
+            let policy = load_policy(&g)?;
+            let (_, plan) = install::plan_from(&policy, &input)?;
+            let opts = source::RegistryOptions::from_args(&registry)?;
+            match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
+                install::Outcome::UpToDate(st) => {
+                    println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest)
+                }
+                install::Outcome::Installed(st) => {
+                    println!("installed {} {} ({})", st.image, st.version, st.manifest_digest);
+                    for f in &st.files {
+                        println!("  {:<7} {}  sha256 {}", f.kind, f.path, f.sha256);
+                    }
+                    println!("  drop-in {}", st.drop_in.path);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Uninstall { node } => {
+            match install::uninstall(&node)? {
+                install::Removed::Nothing => println!("nothing installed"),
+                install::Removed::Removed(st) => println!("uninstalled {} {}", st.image, st.version),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { node, output } => {
+            let st = install::status(&node)?;
+            match output {
+                cli::StatusFormat::Json => {
+                    let mut v = serde_json::to_value(&st).context("serialising status")?;
+                    v["healthy"] = serde_json::Value::Bool(st.exit_code() == 0);
+                    println!("{}", serde_json::to_string_pretty(&v).context("serialising status")?);
+                }
+                cli::StatusFormat::Text => match &st.state {
+                    None => println!("nothing installed"),
+                    Some(s) => {
+                        println!("installed: {} {} ({}) for provider {}", s.image, s.version, s.manifest_digest, s.provider);
+                        for f in &s.files {
+                            println!("  {:<7} {}", f.kind, f.path);
+                        }
+                        println!("  drop-in {}", s.drop_in.path);
+                        if st.problems.is_empty() {
+                            println!("healthy: every file and the drop-in match the state");
+                        } else {
+                            println!("DRIFTED:");
+                            for p in &st.problems {
+                                println!("  {p}");
+                            }
+                        }
+                    }
+                },
+            }
+            Ok(ExitCode::from(st.exit_code()))
+        }
+        Command::Daemon { action, config, registry, node, ready_file, poll_interval } => {
+            if !(poll_interval.is_finite() && poll_interval >= 0.1) {
+                bail!("--poll-interval must be at least 0.1 seconds");
+            }
+            let policy = load_policy(&g)?;
+            let d = daemon::Daemon {
+                action,
+                config,
+                registry: source::RegistryOptions::from_args(&registry)?,
+                node,
+                ready_file,
+                poll_interval: Duration::from_secs_f64(poll_interval),
+            };
+            runtime()?.block_on(d.run(&policy))?;
+            Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// The async runtime for network commands.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }

@@ -1,0 +1,221 @@
+//! The node's filesystem, reached only through capability-scoped directory handles
+//! opened beneath `--root`: no symlink on the node can redirect a write outside it.
+
+use std::io::{ErrorKind, Write};
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, DirBuilder, OpenOptions, Permissions};
+use cap_std::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+
+/// Most symlinks followed while resolving one path (as Linux' `MAXSYMLINKS`).
+const MAX_HOPS: usize = 40;
+
+/// The node root (`--root`), opened once.
+#[derive(Debug)]
+pub struct Root {
+    dir: Dir,
+    path: PathBuf,
+}
+
+impl Root {
+    /// Opens the node root directory; this is the only ambient-authority open.
+    pub fn open(path: &Path) -> Result<Root> {
+        let dir = Dir::open_ambient_dir(path, ambient_authority())
+            .with_context(|| format!("opening the node root {}", path.display()))?;
+        Ok(Root { dir, path: path.to_path_buf() })
+    }
+
+    /// The root as given on the command line.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The root directory handle.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// Resolves a node path the way the node would (symlinks followed, absolute targets
+    /// meaning the node's `/`, `..` clamped at the root) but entirely inside the root.
+    /// Returns the resolved path relative to the root; the last component may not exist.
+    pub fn resolve(&self, node_path: &str) -> Result<PathBuf> {
+        let mut pending: Vec<String> = components(node_path).into_iter().rev().collect();
+        let mut resolved: Vec<String> = Vec::new();
+        let mut hops = 0;
+        while let Some(c) = pending.pop() {
+            if c == ".." {
+                resolved.pop();
+                continue;
+            }
+            let candidate: PathBuf = resolved.iter().chain(std::iter::once(&c)).collect();
+            match self.dir.symlink_metadata(&candidate) {
+                Ok(m) if m.is_symlink() => {
+                    hops += 1;
+                    if hops > MAX_HOPS {
+                        bail!("too many levels of symbolic links resolving {node_path} on the node");
+                    }
+                    let target = self
+                        .dir
+                        .read_link_contents(&candidate)
+                        .with_context(|| format!("reading symlink /{}", candidate.display()))?;
+                    let target = target
+                        .to_str()
+                        .with_context(|| format!("symlink /{} has a non-UTF-8 target", candidate.display()))?
+                        .to_string();
+                    if target.starts_with('/') {
+                        resolved.clear();
+                    }
+                    pending.extend(components(&target).into_iter().rev());
+                }
+                Ok(_) => resolved.push(c),
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    resolved.push(c);
+                    // Nothing below a missing component can be a symlink.
+                    while let Some(rest) = pending.pop() {
+                        if rest == ".." {
+                            resolved.pop();
+                        } else {
+                            resolved.push(rest);
+                        }
+                    }
+                }
+                Err(e) => return Err(e).with_context(|| format!("inspecting /{} on the node", candidate.display())),
+            }
+        }
+        Ok(resolved.iter().collect())
+    }
+
+    /// Creates (if needed) and opens a directory at a root-relative path, refusing any
+    /// symlink that would lead outside the root.
+    pub fn create_dir_all(&self, rel: &Path) -> Result<Dir> {
+        let mut b = DirBuilder::new();
+        b.recursive(true).mode(0o755);
+        match self.dir.create_dir_with(rel, &b) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| refused_or(rel, "creating")),
+        }
+        self.dir.open_dir(rel).with_context(|| refused_or(rel, "opening"))
+    }
+}
+
+fn refused_or(rel: &Path, what: &str) -> String {
+    format!(
+        "{what} /{} under the node root (a symlink that leads outside the root is refused)",
+        rel.display()
+    )
+}
+
+/// The `/`-separated components of a path, without empty and `.` parts.
+fn components(p: &str) -> Vec<String> {
+    Path::new(p)
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s.to_string_lossy().into_owned()),
+            Component::ParentDir => Some("..".to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Node path (`/etc/...`) of a root-relative path.
+pub fn node_path(rel: &Path) -> String {
+    format!("/{}", rel.display())
+}
+
+/// Root-relative path of a node path (`/etc/x` -> `etc/x`).
+pub fn rel_path(node_path: &str) -> PathBuf {
+    PathBuf::from(node_path.trim_start_matches('/'))
+}
+
+/// Flushes a directory's entries to disk (after a rename or create inside it).
+pub fn fsync_dir(dir: &Dir) -> Result<()> {
+    rustix::fs::fsync(dir).context("fsync of a directory")
+}
+
+/// Fails with a clear error if `dir` lives on a read-only filesystem.
+pub fn ensure_writable(dir: &Dir, what: &str) -> Result<()> {
+    let st = rustix::fs::fstatvfs(dir).with_context(|| format!("statvfs of {what}"))?;
+    if st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
+        bail!("{what} is on a read-only filesystem; nothing was changed");
+    }
+    Ok(())
+}
+
+/// Writes `data` as a regular 0644 file `name` in `dir` atomically: temp name, fsync,
+/// rename, fsync of the directory. A crash leaves either the old or the new file.
+pub fn write_atomic(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
+    let tmp = format!(".{name}.tmp-{}", std::process::id());
+    let result = (|| -> Result<()> {
+        let mut opts = OpenOptions::new();
+        opts.write(true).create(true).truncate(true).mode(0o644);
+        let mut f = dir.open_with(&tmp, &opts).with_context(|| format!("creating {tmp}"))?;
+        f.write_all(data).with_context(|| format!("writing {tmp}"))?;
+        f.set_permissions(Permissions::from_mode(0o644)).with_context(|| format!("chmod {tmp}"))?;
+        f.sync_all().with_context(|| format!("fsync {tmp}"))?;
+        dir.rename(&tmp, dir, name).with_context(|| format!("renaming {tmp} to {name}"))?;
+        fsync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = dir.remove_file(&tmp);
+    }
+    result
+}
+
+/// sha256 (hex) and size of a regular file, read in chunks; `None` if it is missing.
+/// A symlink or other non-regular entry is an error.
+pub fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>> {
+    use sha2::{Digest, Sha256};
+    let meta = match dir.symlink_metadata(name) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("inspecting {}", name.display())),
+    };
+    if !meta.is_file() {
+        bail!("{} is not a regular file", name.display());
+    }
+    let mut f = dir.open(name).with_context(|| format!("opening {}", name.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut size = 0u64;
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf).with_context(|| format!("reading {}", name.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok(Some((hex::encode(h.finalize()), size)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_symlinks_inside_root() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("opt/kata/defaults")).expect("mkdir");
+        std::fs::create_dir_all(root.join("etc/kata-containers/kata-se")).expect("mkdir");
+        std::fs::write(root.join("opt/kata/defaults/configuration-se.toml"), "").expect("write");
+        std::os::unix::fs::symlink(
+            "/opt/kata/defaults/configuration-se.toml",
+            root.join("etc/kata-containers/kata-se/configuration.toml"),
+        )
+        .expect("symlink");
+        std::os::unix::fs::symlink("../../../../../../..", root.join("etc/up")).expect("symlink");
+        let r = Root::open(root).expect("open");
+        assert_eq!(
+            r.resolve("/etc/kata-containers/kata-se/configuration.toml").expect("resolve"),
+            PathBuf::from("opt/kata/defaults/configuration-se.toml")
+        );
+        // `..` is clamped at the root.
+        assert_eq!(r.resolve("/etc/up/etc/passwd").expect("resolve"), PathBuf::from("etc/passwd"));
+        std::os::unix::fs::symlink("loop", root.join("loop")).expect("symlink");
+        assert!(r.resolve("/loop").is_err());
+    }
+}
