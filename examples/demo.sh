@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The main job on an embedded default, no registry needed: installs the example SE kernel
+# from the OCI layout shipped in examples/layout into a throwaway node root that holds a
+# sample Kata config (examples/node-root), then shows status and the drop-in.
+#
+# Usage: examples/demo.sh [NODE_ROOT]   (default: a new temporary directory)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="${1:-$(mktemp -d /tmp/kata-addons-demo.XXXXXX)}"
+cargo build --quiet --release -p kata-addons --manifest-path "$here/../Cargo.toml"
+bin="$(cargo metadata --format-version 1 --no-deps --manifest-path "$here/../Cargo.toml" | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/kata-addons"
+cp -a "$here/node-root/." "$root/"
+
+# What a controller would set on the DaemonSet from the ConfigMap (see `preview --output yaml`).
+export ADDON_IMAGE="oci:$here/layout:v1.0"
+export ADDON_KERNEL_PATH=/artifacts/kernel/vmlinuz
+export ADDON_KERNEL_SHA256=85ce53af56bff552c6ddcba6f06163a380e68a93d1842ceac505e9efc5c9a2fe
+
+echo "== install into $root"
+"$bin" install --root "$root"
+echo "== install again (idempotent)"
+"$bin" install --root "$root"
+echo "== status"
+"$bin" status --root "$root"
+echo "== the drop-in Kata reads (config.d beside the resolved configuration.toml)"
+cat "$root/opt/kata/share/defaults/kata-containers/config.d/50-kata-addons.toml"
+echo "== uninstall with: $bin uninstall --root $root"
