@@ -24,11 +24,22 @@ fn main() {
         .arg("--target-dir")
         .arg(&guest_target);
     // Do not leak the outer build's flags or wrappers (clippy, coverage) into the guest build.
-    for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "RUSTC_WRAPPER", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "CARGO_MAKEFLAGS"] {
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_MAKEFLAGS",
+    ] {
         cmd.env_remove(var);
     }
     let status = cmd.status().expect("failed to run cargo to build the policy guest");
-    assert!(status.success(), "building the policy guest for wasm32-wasip2 failed (is the target installed? `rustup target add wasm32-wasip2`)");
+    assert!(
+        status.success(),
+        "building the policy guest for wasm32-wasip2 failed (is the target installed? `rustup target add wasm32-wasip2`)"
+    );
 
     let built = guest_target.join("wasm32-wasip2/guest/kata_addons_guest.wasm");
     let embedded = out_dir.join("kata-addons-guest.wasm");

@@ -11,7 +11,7 @@ wit_bindgen::generate!({
     world: "policy",
 });
 
-use osc::kata_addons::types as w;
+use self as w;
 
 /// Linear-memory allocator: dlmalloc grows memory with `memory.grow`, importing nothing.
 #[global_allocator]
@@ -65,10 +65,8 @@ impl Guest for Component {
 
     fn render(plan: w::Plan, installed: Vec<w::InstalledFile>) -> Result<String, Vec<w::Violation>> {
         let plan = plan_in(plan);
-        let installed: Vec<t::InstalledFile> = installed
-            .into_iter()
-            .map(|f| t::InstalledFile { kind: kind_in(f.kind), path: f.path })
-            .collect();
+        let installed: Vec<t::InstalledFile> =
+            installed.into_iter().map(|f| t::InstalledFile { kind: kind_in(f.kind), path: f.path }).collect();
         crate::render(&plan, &installed).map_err(violations_out)
     }
 }
@@ -82,9 +80,7 @@ fn kv_out(kv: t::KeyValue) -> w::KeyValue {
 }
 
 fn violations_out(v: Vec<t::Violation>) -> Vec<w::Violation> {
-    v.into_iter()
-        .map(|v| w::Violation { key: v.key, code: code_out(v.code), message: v.message })
-        .collect()
+    v.into_iter().map(|v| w::Violation { key: v.key, code: code_out(v.code), message: v.message }).collect()
 }
 
 fn code_out(c: t::Code) -> w::ViolationCode {

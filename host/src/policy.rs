@@ -1,0 +1,569 @@
+//! The policy sandbox: loads a policy component, refuses any component that imports
+//! anything, and runs its three functions under a wall-clock deadline and a memory cap,
+//! with a fresh instance per call. Nothing else in the runner touches wasmtime.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "policy",
+        additional_derives: [PartialEq, Eq],
+    });
+}
+
+pub use bindings::{
+    Artifact, ArtifactKind, ImageSource, InstalledFile, KeyValue, LayoutRef, Plan, Provider, RegistryRef, Violation,
+    ViolationCode,
+};
+
+/// How often the epoch ticker advances the engine's epoch.
+const TICK: Duration = Duration::from_millis(5);
+/// Most env entries a policy may return.
+const MAX_ENV: usize = 64;
+/// Most bytes in one returned string (name, value, path, message).
+const MAX_STRING: usize = 8 * 1024;
+/// Most violations a policy may return.
+const MAX_VIOLATIONS: usize = 256;
+/// Most bytes of drop-in text.
+const MAX_DROP_IN: usize = 64 * 1024;
+/// Most artifacts in a plan.
+const MAX_ARTIFACTS: usize = 8;
+
+/// Limits and caching for a [`Policy`].
+#[derive(Debug, Clone)]
+pub struct PolicyOptions {
+    /// Longest wall-clock time of one call.
+    pub timeout: Duration,
+    /// Most linear memory of one instance, in bytes.
+    pub memory_limit: usize,
+    /// Where compiled components are cached; `None` disables the cache.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for PolicyOptions {
+    fn default() -> Self {
+        PolicyOptions { timeout: Duration::from_secs(1), memory_limit: 64 << 20, cache_dir: default_cache_dir() }
+    }
+}
+
+/// `$XDG_CACHE_HOME/kata-addons`, else `$HOME/.cache/kata-addons`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("kata-addons"))
+}
+
+/// Why a policy call did not produce a usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The policy rejected the input (exit code 2).
+    #[error("invalid configuration:\n{}", format_violations(.0))]
+    Rejected(Vec<Violation>),
+    /// The call ran past the deadline.
+    #[error(
+        "policy `{func}` did not finish within {limit:?} (raise --policy-timeout if the policy is legitimately slow)"
+    )]
+    Timeout {
+        /// The function called.
+        func: &'static str,
+        /// The deadline.
+        limit: Duration,
+    },
+    /// The instance tried to grow memory past the cap.
+    #[error("policy `{func}` tried to use more than {limit} MiB of memory (--policy-memory)")]
+    Memory {
+        /// The function called.
+        func: &'static str,
+        /// The cap, in MiB.
+        limit: usize,
+    },
+    /// The guest trapped (a panic in the guest ends in a trap).
+    #[error("policy `{func}` crashed: {detail}")]
+    Trap {
+        /// The function called.
+        func: &'static str,
+        /// What the trap said.
+        detail: String,
+    },
+    /// The guest answered, but the host refuses to act on the answer.
+    #[error("policy `{func}` returned output the runner refuses: {detail}")]
+    BadOutput {
+        /// The function called.
+        func: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+}
+
+/// One line per violation: `key: message [code]`.
+pub fn format_violations(v: &[Violation]) -> String {
+    v.iter().map(|v| format!("  {}: {} [{}]", v.key, v.message, code_name(v.code))).collect::<Vec<_>>().join("\n")
+}
+
+/// The WIT name of a violation code.
+pub fn code_name(c: ViolationCode) -> &'static str {
+    match c {
+        ViolationCode::Missing => "missing",
+        ViolationCode::UnknownKey => "unknown-key",
+        ViolationCode::InvalidReference => "invalid-reference",
+        ViolationCode::InvalidPath => "invalid-path",
+        ViolationCode::InvalidVersion => "invalid-version",
+        ViolationCode::InvalidProvider => "invalid-provider",
+        ViolationCode::InvalidSha256 => "invalid-sha256",
+        ViolationCode::NotAllowed => "not-allowed",
+        ViolationCode::Conflict => "conflict",
+        ViolationCode::Inconsistent => "inconsistent",
+    }
+}
+
+/// Per-call store data: only the resource limits.
+struct CallState {
+    limits: StoreLimits,
+}
+
+/// Advances the engine epoch every [`TICK`] until dropped.
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(engine: Engine) -> Result<Ticker> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("policy-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .context("starting the policy epoch ticker thread")?;
+        Ok(Ticker { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How a component was obtained, for logs and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadedFrom {
+    /// Compiled now (no cache, or cache miss).
+    Compiled,
+    /// Deserialized from a verified cache entry.
+    Cache,
+}
+
+/// A loaded, validated policy component, ready to be called.
+pub struct Policy {
+    engine: Engine,
+    pre: bindings::PolicyPre<CallState>,
+    options: PolicyOptions,
+    sha256: String,
+    loaded_from: LoadedFrom,
+    _ticker: Ticker,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy").field("sha256", &self.sha256).field("loaded_from", &self.loaded_from).finish()
+    }
+}
+
+impl Policy {
+    /// Loads the embedded policy component.
+    pub fn embedded(options: PolicyOptions) -> Result<Policy> {
+        Policy::from_bytes(crate::GUEST_WASM, options).context("loading the embedded policy component")
+    }
+
+    /// Loads the component at `path` (`--policy FILE`).
+    pub fn from_file(path: &Path, options: PolicyOptions) -> Result<Policy> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading policy component {}", path.display()))?;
+        Policy::from_bytes(&bytes, options).with_context(|| format!("loading policy component {}", path.display()))
+    }
+
+    /// Loads `--policy FILE` if given, else the embedded component.
+    pub fn load(path: Option<&Path>, options: PolicyOptions) -> Result<Policy> {
+        match path {
+            Some(p) => Policy::from_file(p, options),
+            None => Policy::embedded(options),
+        }
+    }
+
+    /// Validates and compiles (or loads from cache) a component from its bytes.
+    pub fn from_bytes(bytes: &[u8], options: PolicyOptions) -> Result<Policy> {
+        let engine = new_engine()?;
+        if Engine::detect_precompiled(bytes).is_some() {
+            bail!("this is a precompiled artifact, not a WebAssembly component; pass the .wasm component");
+        }
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let (component, loaded_from) = match &options.cache_dir {
+            Some(dir) => load_cached(&engine, bytes, &sha256, dir)?,
+            None => (compile(&engine, bytes)?, LoadedFrom::Compiled),
+        };
+        let imports: Vec<String> =
+            component.component_type().imports(&engine).map(|(name, _)| name.to_string()).collect();
+        if !imports.is_empty() {
+            bail!(
+                "policy components must import nothing (no WASI, no host functions), but this one imports: {}",
+                imports.join(", ")
+            );
+        }
+        let linker: Linker<CallState> = Linker::new(&engine);
+        let instance_pre = linker.instantiate_pre(&component).map_err(anyhow::Error::from).context(
+            "the component does not match the kata-addons policy world (wit/kata-addons.wit): missing or mistyped exports",
+        )?;
+        let pre = bindings::PolicyPre::new(instance_pre)
+            .map_err(anyhow::Error::from)
+            .context("the component does not export `env`, `plan` and `render` as wit/kata-addons.wit defines them")?;
+        let ticker = Ticker::start(engine.clone())?;
+        Ok(Policy { engine, pre, options, sha256, loaded_from, _ticker: ticker })
+    }
+
+    /// sha256 (hex) of the component bytes.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// Whether the component came from the cache or was compiled.
+    pub fn loaded_from(&self) -> LoadedFrom {
+        self.loaded_from
+    }
+
+    /// ConfigMap data -> resolved `ADDON_*` env.
+    pub fn env(&self, data: &[KeyValue]) -> Result<Vec<KeyValue>, PolicyError> {
+        let out = self.call("env", |p, s| p.call_env(s, data))?;
+        let env = out.map_err(|v| self.rejected("env", v))?;
+        check_env("env", &env)?;
+        Ok(env)
+    }
+
+    /// `ADDON_*` env -> install plan.
+    pub fn plan(&self, env: &[KeyValue]) -> Result<Plan, PolicyError> {
+        let out = self.call("plan", |p, s| p.call_plan(s, env))?;
+        let plan = out.map_err(|v| self.rejected("plan", v))?;
+        check_plan(&plan)?;
+        Ok(plan)
+    }
+
+    /// Plan + installed node paths -> drop-in TOML text.
+    pub fn render(&self, plan: &Plan, installed: &[InstalledFile]) -> Result<String, PolicyError> {
+        let out = self.call("render", |p, s| p.call_render(s, plan, installed))?;
+        let text = out.map_err(|v| self.rejected("render", v))?;
+        if text.len() > MAX_DROP_IN {
+            return Err(bad("render", format!("drop-in is {} bytes, more than {MAX_DROP_IN}", text.len())));
+        }
+        toml::from_str::<toml::Table>(&text).map_err(|e| bad("render", format!("drop-in is not valid TOML: {e}")))?;
+        Ok(text)
+    }
+
+    fn rejected(&self, func: &'static str, v: Vec<Violation>) -> PolicyError {
+        if v.is_empty() {
+            return bad(func, "rejected the input without saying why (empty violation list)".into());
+        }
+        if v.len() > MAX_VIOLATIONS {
+            return bad(func, format!("returned {} violations, more than {MAX_VIOLATIONS}", v.len()));
+        }
+        if let Some(v) = v.iter().find(|v| v.key.len() > MAX_STRING || v.message.len() > MAX_STRING) {
+            return bad(
+                func,
+                format!("violation text longer than {MAX_STRING} bytes (key starts {:?})", prefix(&v.key)),
+            );
+        }
+        PolicyError::Rejected(v)
+    }
+
+    /// Instantiates a fresh instance in a fresh store, with limits, and runs `f`.
+    fn call<R>(
+        &self,
+        func: &'static str,
+        f: impl FnOnce(&bindings::Policy, &mut Store<CallState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PolicyError> {
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(self.options.memory_limit)
+            .trap_on_grow_failure(true)
+            .instances(16)
+            .memories(4)
+            .tables(16)
+            .build();
+        let mut store = Store::new(&self.engine, CallState { limits });
+        store.limiter(|s| &mut s.limits);
+        let ticks = self.options.timeout.as_nanos().div_ceil(TICK.as_nanos()).max(1);
+        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
+        store.epoch_deadline_trap();
+        let result = self.pre.instantiate(&mut store).and_then(|instance| f(&instance, &mut store));
+        result.map_err(|e| self.classify(func, e))
+    }
+
+    fn classify(&self, func: &'static str, e: wasmtime::Error) -> PolicyError {
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => PolicyError::Timeout { func, limit: self.options.timeout },
+            Some(Trap::AllocationTooLarge) => PolicyError::Memory { func, limit: self.options.memory_limit >> 20 },
+            _ => {
+                let text = format!("{e:?}");
+                if text.contains("forcing a memory growth failure") || text.contains("memory minimum size") {
+                    PolicyError::Memory { func, limit: self.options.memory_limit >> 20 }
+                } else {
+                    let detail = match e.downcast_ref::<Trap>() {
+                        Some(Trap::UnreachableCodeReached) => {
+                            "the guest aborted (a panic or `unreachable`; wasm `unreachable` instruction executed)"
+                                .into()
+                        }
+                        _ => format!("{e:#}"),
+                    };
+                    PolicyError::Trap { func, detail }
+                }
+            }
+        }
+    }
+}
+
+fn bad(func: &'static str, detail: String) -> PolicyError {
+    PolicyError::BadOutput { func, detail }
+}
+
+fn prefix(s: &str) -> &str {
+    let mut end = s.len().min(40);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// The engine: component model, epoch interruption, nothing else.
+fn new_engine() -> Result<Engine> {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    Engine::new(&config).map_err(anyhow::Error::from).context("creating the wasmtime engine")
+}
+
+fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component> {
+    Component::new(engine, bytes).map_err(anyhow::Error::from).context("compiling the policy component")
+}
+
+/// Cache key: component sha256 + engine compatibility hash.
+fn cache_key(engine: &Engine, sha256: &str) -> String {
+    let mut h = std::hash::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    format!("{sha256}-{:016x}", h.finish())
+}
+
+/// Loads a precompiled component from `dir` if a verified entry exists, else compiles
+/// and stores one. A cache that cannot be written is not an error.
+fn load_cached(engine: &Engine, bytes: &[u8], sha256: &str, dir: &Path) -> Result<(Component, LoadedFrom)> {
+    let key = cache_key(engine, sha256);
+    let artifact = dir.join(format!("{key}.cwasm"));
+    let checksum = dir.join(format!("{key}.cwasm.sha256"));
+    if let (Ok(data), Ok(expected)) = (std::fs::read(&artifact), std::fs::read_to_string(&checksum)) {
+        if hex::encode(Sha256::digest(&data)) == expected.trim() {
+            // SAFETY: the bytes were written by this program (`precompile_component` below) for an
+            // engine with the same compatibility hash, and their sha256 matches the checksum stored
+            // beside them, so they are not truncated, corrupted or foreign.
+            match unsafe { Component::deserialize(engine, &data) } {
+                Ok(c) => return Ok((c, LoadedFrom::Cache)),
+                Err(e) => {
+                    tracing::warn!(path = %artifact.display(), error = %e, "discarding unusable policy cache entry")
+                }
+            }
+        } else {
+            tracing::warn!(path = %artifact.display(), "policy cache entry fails its checksum; recompiling");
+        }
+    }
+    let compiled =
+        engine.precompile_component(bytes).map_err(anyhow::Error::from).context("compiling the policy component")?;
+    // SAFETY: `compiled` was produced just now by `precompile_component` on this engine.
+    let component = unsafe { Component::deserialize(engine, &compiled) }
+        .map_err(anyhow::Error::from)
+        .context("loading the freshly compiled policy component")?;
+    if let Err(e) = store_cache_entry(dir, &artifact, &checksum, &compiled) {
+        tracing::debug!(dir = %dir.display(), error = %format!("{e:#}"), "policy cache not written");
+    }
+    Ok((component, LoadedFrom::Compiled))
+}
+
+fn store_cache_entry(dir: &Path, artifact: &Path, checksum: &Path, compiled: &[u8]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let sum = hex::encode(Sha256::digest(compiled));
+    write_atomic(dir, artifact, compiled)?;
+    write_atomic(dir, checksum, sum.as_bytes())?;
+    Ok(())
+}
+
+fn write_atomic(dir: &Path, path: &Path, data: &[u8]) -> Result<()> {
+    let tmp =
+        dir.join(format!(".tmp-{}-{}", std::process::id(), path.file_name().and_then(|n| n.to_str()).unwrap_or("x")));
+    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
+}
+
+/// `ADDON_[A-Z0-9_]+`.
+fn valid_env_name(name: &str) -> bool {
+    name.strip_prefix("ADDON_").is_some_and(|rest| {
+        !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+    })
+}
+
+fn check_env(func: &'static str, env: &[KeyValue]) -> Result<(), PolicyError> {
+    if env.len() > MAX_ENV {
+        return Err(bad(func, format!("returned {} env entries, more than {MAX_ENV}", env.len())));
+    }
+    for kv in env {
+        if !valid_env_name(&kv.name) {
+            return Err(bad(func, format!("env name {:?} does not match ADDON_[A-Z0-9_]+", prefix(&kv.name))));
+        }
+        if kv.value.len() > MAX_STRING {
+            return Err(bad(func, format!("value of {} is longer than {MAX_STRING} bytes", kv.name)));
+        }
+        if kv.value.chars().any(char::is_control) {
+            return Err(bad(func, format!("value of {} contains control characters", kv.name)));
+        }
+    }
+    Ok(())
+}
+
+/// An absolute path with no empty, `.` or `..` components.
+pub fn is_clean_abs_path(p: &str) -> bool {
+    p.len() <= 4096
+        && p.starts_with('/')
+        && p.len() > 1
+        && !p.chars().any(char::is_control)
+        && p[1..].split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+/// A single path component: not empty, `.` or `..`, no `/`, no control characters.
+pub fn is_plain_file_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 255 && n != "." && n != ".." && !n.contains('/') && !n.chars().any(char::is_control)
+}
+
+/// The host re-validates every plan field it will act on.
+fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
+    let f = "plan";
+    for (what, s) in [
+        ("image", &plan.image),
+        ("version", &plan.version),
+        ("runtime-config", &plan.runtime_config),
+        ("hypervisor-table", &plan.hypervisor_table),
+        ("install-dir", &plan.install_dir),
+        ("drop-in-path", &plan.drop_in_path),
+    ] {
+        if s.len() > MAX_STRING {
+            return Err(bad(f, format!("{what} is longer than {MAX_STRING} bytes")));
+        }
+    }
+    if !is_plain_file_name(&plan.version) {
+        return Err(bad(f, format!("version {:?} is not usable as a directory name", prefix(&plan.version))));
+    }
+    for (what, p) in [
+        ("runtime-config", &plan.runtime_config),
+        ("install-dir", &plan.install_dir),
+        ("drop-in-path", &plan.drop_in_path),
+    ] {
+        if !is_clean_abs_path(p) {
+            return Err(bad(f, format!("{what} {:?} is not a clean absolute path", prefix(p))));
+        }
+    }
+    let config_dir = parent(&plan.runtime_config);
+    let drop_dir = format!("{config_dir}/config.d/");
+    match plan.drop_in_path.strip_prefix(&drop_dir) {
+        Some(name) if is_plain_file_name(name) => {}
+        _ => {
+            return Err(bad(
+                f,
+                format!("drop-in path {:?} is not a file directly inside {drop_dir}", prefix(&plan.drop_in_path)),
+            ));
+        }
+    }
+    if plan
+        .hypervisor_table
+        .split('.')
+        .any(|c| c.is_empty() || !c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+    {
+        return Err(bad(
+            f,
+            format!("hypervisor table {:?} is not a dotted TOML table name", prefix(&plan.hypervisor_table)),
+        ));
+    }
+    if plan.artifacts.is_empty() || plan.artifacts.len() > MAX_ARTIFACTS {
+        return Err(bad(f, format!("plan has {} artifacts; expected 1 to {MAX_ARTIFACTS}", plan.artifacts.len())));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for a in &plan.artifacts {
+        if !is_plain_file_name(&a.file_name) {
+            return Err(bad(f, format!("artifact file name {:?} is not a plain file name", prefix(&a.file_name))));
+        }
+        if !names.insert(a.file_name.as_str()) {
+            return Err(bad(f, format!("artifact file name {:?} is used twice", a.file_name)));
+        }
+        if !is_clean_abs_path(&a.source) {
+            return Err(bad(f, format!("artifact source {:?} is not a clean absolute path", prefix(&a.source))));
+        }
+        if let Some(s) = &a.sha256 {
+            if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Err(bad(f, format!("artifact sha256 {:?} is not 64 lowercase hex", prefix(s))));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The directory part of a clean absolute path (`/` for a top-level entry).
+fn parent(p: &str) -> &str {
+    match p.rfind('/') {
+        Some(0) | None => "",
+        Some(i) => &p[..i],
+    }
+}
+
+/// Converts a plain error into the anyhow world, keeping [`PolicyError`] downcastable.
+pub fn into_anyhow(e: PolicyError) -> anyhow::Error {
+    anyhow!(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_names() {
+        assert!(valid_env_name("ADDON_IMAGE"));
+        assert!(valid_env_name("ADDON_KERNEL_SHA256"));
+        assert!(!valid_env_name("ADDON_"));
+        assert!(!valid_env_name("PATH"));
+        assert!(!valid_env_name("ADDON_image"));
+    }
+
+    #[test]
+    fn clean_paths() {
+        assert!(is_clean_abs_path("/etc/kata-containers/addons"));
+        assert!(!is_clean_abs_path("/etc/../x"));
+        assert!(!is_clean_abs_path("etc"));
+        assert!(!is_clean_abs_path("/"));
+        assert!(!is_clean_abs_path("/a//b"));
+        assert!(!is_clean_abs_path("/a/"));
+        assert!(is_plain_file_name("kernel"));
+        assert!(!is_plain_file_name(".."));
+        assert!(!is_plain_file_name("a/b"));
+    }
+}
