@@ -111,7 +111,7 @@ pub fn render(plan: &Plan, installed: &[InstalledFile]) -> Result<String, Vec<Vi
         let name = file_name(f.kind);
         let slot = f.kind as usize;
         if !plan.artifacts.iter().any(|a| a.kind == f.kind) {
-            errs.push(violation("installed", Code::Inconsistent, format!("an {name} was installed but the plan has none")));
+            errs.push(violation("installed", Code::Inconsistent, format!("the {name} was installed but the plan has no {name}")));
             continue;
         }
         if paths[slot].is_some() {
