@@ -189,3 +189,32 @@ fn plan_out(p: t::Plan) -> w::Plan {
             .collect(),
     }
 }
+
+/// `memcmp` for slice and string comparisons. On `wasm32-wasip2` it normally comes from
+/// wasi-libc; this component links no libc, so it defines its own (importing nothing).
+///
+/// # Safety
+/// `a` and `b` must be valid for reads of `n` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    let mut i = 0;
+    while i < n {
+        // SAFETY: the caller guarantees both regions hold `n` readable bytes.
+        let (x, y) = unsafe { (*a.add(i), *b.add(i)) };
+        if x != y {
+            return i32::from(x) - i32::from(y);
+        }
+        i += 1;
+    }
+    0
+}
+
+/// `bcmp` (equality-only `memcmp`), which LLVM may emit for `==` on slices.
+///
+/// # Safety
+/// `a` and `b` must be valid for reads of `n` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    // SAFETY: same contract as `memcmp`.
+    unsafe { memcmp(a, b, n) }
+}

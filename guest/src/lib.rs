@@ -11,9 +11,16 @@ extern crate alloc;
 
 pub mod types;
 
+mod checks;
 mod policy;
+mod reference;
+mod render;
 
-pub use policy::{env, plan, render};
+pub use policy::{env, plan};
+pub use render::{HEADER, render};
+
+#[cfg(test)]
+mod tests;
 pub use types::*;
 
 #[cfg(target_arch = "wasm32")]

@@ -1,17 +1,382 @@
-//! Placeholder: the policy rules (being written).
-use crate::types::*;
+//! ConfigMap data / `ADDON_*` env -> one normalised configuration -> env list or plan.
+//!
+//! Both entry points share [`resolve`]: the only difference is how keys are named.
+
+use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-/// ConfigMap data -> resolved env.
-pub fn env(_data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
-    Ok(Vec::new())
+use crate::checks::{check_path, is_sha256_hex, is_version, show, suggest};
+use crate::reference;
+use crate::types::*;
+
+/// Node directory under which version directories are created.
+pub(crate) const INSTALL_DIR: &str = "/etc/kata-containers/addons";
+/// File name of the drop-in inside `config.d`.
+pub(crate) const DROP_IN_NAME: &str = "50-kata-addons.toml";
+/// Hypervisor table every provider's drop-in sets keys in.
+pub(crate) const HYPERVISOR_TABLE: &str = "hypervisor.qemu";
+
+const IMAGE: usize = 0;
+const PROVIDER: usize = 1;
+const VERSION: usize = 2;
+/// Index of the first artifact path; kernel, initrd, image follow in that order.
+const PATHS: usize = 3;
+/// Index of the first artifact sha256; kernel, initrd, image follow in that order.
+const SHAS: usize = 6;
+const FIELDS: usize = 9;
+
+/// Key names per field (in the fixed env order): ConfigMap key, env var.
+const KEYS: [(&str, &str); FIELDS] = [
+    ("addonImage", "ADDON_IMAGE"),
+    ("provider", "ADDON_PROVIDER"),
+    ("version", "ADDON_VERSION"),
+    ("kernelPath", "ADDON_KERNEL_PATH"),
+    ("initrdPath", "ADDON_INITRD_PATH"),
+    ("imagePath", "ADDON_IMAGE_PATH"),
+    ("kernelSha256", "ADDON_KERNEL_SHA256"),
+    ("initrdSha256", "ADDON_INITRD_SHA256"),
+    ("imageSha256", "ADDON_IMAGE_SHA256"),
+];
+
+/// Artifact kinds in plan order, matching the `PATHS`/`SHAS` offsets.
+const KINDS: [ArtifactKind; 3] = [ArtifactKind::Kernel, ArtifactKind::Initrd, ArtifactKind::Image];
+
+/// Which of the two key namings an input uses.
+#[derive(Clone, Copy)]
+enum Naming {
+    /// ConfigMap `data` keys (`addonImage`, …).
+    Data,
+    /// Environment variables (`ADDON_IMAGE`, …).
+    Env,
 }
-/// Env -> plan.
-pub fn plan(_env: &[KeyValue]) -> Result<Plan, Vec<Violation>> {
-    Err(Vec::new())
+
+impl Naming {
+    fn key(self, field: usize) -> &'static str {
+        match self {
+            Naming::Data => KEYS[field].0,
+            Naming::Env => KEYS[field].1,
+        }
+    }
+
+    fn all(self) -> [&'static str; FIELDS] {
+        core::array::from_fn(|i| self.key(i))
+    }
 }
-/// Plan -> drop-in.
-pub fn render(_plan: &Plan, _installed: &[InstalledFile]) -> Result<String, Vec<Violation>> {
-    Ok(String::new())
+
+/// The validated, defaulted configuration both entry points produce.
+struct Config {
+    image: String,
+    source: ImageSource,
+    provider: Provider,
+    version: String,
+    /// In-image paths of kernel, initrd, image.
+    paths: [Option<String>; 3],
+    /// Expected sha256 of kernel, initrd, image.
+    shas: [Option<String>; 3],
+}
+
+/// Static facts about a provider (DESIGN §3).
+pub(crate) struct ProviderInfo {
+    /// Name as written in `provider` / `ADDON_PROVIDER`.
+    pub name: &'static str,
+    /// Node path of the runtime's `configuration.toml`.
+    pub runtime_config: &'static str,
+    /// Artifact kinds the provider accepts.
+    pub allowed: &'static [ArtifactKind],
+}
+
+/// Looks up the static facts of a provider.
+pub(crate) fn provider_info(p: Provider) -> ProviderInfo {
+    match p {
+        Provider::Se => ProviderInfo {
+            name: "se",
+            runtime_config: "/etc/kata-containers/kata-se/configuration.toml",
+            allowed: &[ArtifactKind::Kernel],
+        },
+        Provider::Tdx => ProviderInfo {
+            name: "tdx",
+            runtime_config: "/etc/kata-containers/kata-tdx/configuration.toml",
+            allowed: &KINDS,
+        },
+        Provider::Snp => ProviderInfo {
+            name: "snp",
+            runtime_config: "/etc/kata-containers/kata-snp/configuration.toml",
+            allowed: &KINDS,
+        },
+    }
+}
+
+/// The installed file name of an artifact kind.
+pub(crate) fn file_name(kind: ArtifactKind) -> &'static str {
+    match kind {
+        ArtifactKind::Kernel => "kernel",
+        ArtifactKind::Initrd => "initrd",
+        ArtifactKind::Image => "image",
+    }
+}
+
+/// Node path of the drop-in for a runtime config path.
+pub(crate) fn drop_in_path(runtime_config: &str) -> String {
+    let dir = runtime_config.rsplit_once('/').map_or("", |(d, _)| d);
+    format!("{dir}/config.d/{DROP_IN_NAME}")
+}
+
+fn violation(key: &str, code: Code, message: String) -> Violation {
+    Violation { key: String::from(key), code, message }
+}
+
+/// Validates and defaults an input list named with `naming`; collects every violation.
+fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>> {
+    let mut errs = Vec::new();
+    let known = naming.all();
+    let mut values: [Option<&str>; FIELDS] = [None; FIELDS];
+    let mut seen = [false; FIELDS];
+    // A duplicated key is reported as such, not also as a problem with one of its values.
+    let mut dup = [false; FIELDS];
+    let mut unknown_seen: Vec<&str> = Vec::new();
+
+    for kv in input {
+        match known.iter().position(|k| *k == kv.name) {
+            Some(i) => {
+                if seen[i] {
+                    values[i] = None;
+                    if dup[i] {
+                        continue;
+                    }
+                    dup[i] = true;
+                    errs.push(violation(
+                        &kv.name,
+                        Code::Conflict,
+                        format!("{} is given more than once: give each key exactly once", show(&kv.name)),
+                    ));
+                    continue;
+                }
+                seen[i] = true;
+                let v = kv.value.trim();
+                values[i] = if v.is_empty() { None } else { Some(v) };
+            }
+            None => {
+                if unknown_seen.contains(&kv.name.as_str()) {
+                    continue;
+                }
+                unknown_seen.push(&kv.name);
+                let message = match suggest(&kv.name, &known) {
+                    Some(s) => format!("unknown key {}: did you mean `{s}`?", show(&kv.name)),
+                    None => format!("unknown key {}: known keys are {}", show(&kv.name), known.join(", ")),
+                };
+                errs.push(violation(&kv.name, Code::UnknownKey, message));
+            }
+        }
+    }
+
+    // Image reference.
+    let mut parsed = None;
+    match values[IMAGE] {
+        None if !dup[IMAGE] => errs.push(violation(
+            naming.key(IMAGE),
+            Code::Missing,
+            String::from(
+                "the addon image is required: `registry/repository[:tag][@sha256:<hex>]` or `oci:/path/to/layout[:tag]`",
+            ),
+        )),
+        None => {}
+        Some(v) => match reference::parse(v) {
+            Ok(r) => parsed = Some(r),
+            Err(problems) => {
+                for p in problems {
+                    errs.push(violation(naming.key(IMAGE), Code::InvalidReference, p));
+                }
+            }
+        },
+    }
+
+    // Provider.
+    let provider = match values[PROVIDER] {
+        None | Some("se") => Some(Provider::Se),
+        Some("tdx") => Some(Provider::Tdx),
+        Some("snp") => Some(Provider::Snp),
+        Some(other) => {
+            errs.push(violation(
+                naming.key(PROVIDER),
+                Code::InvalidProvider,
+                format!("unknown provider {}: accepted values are `se`, `tdx` and `snp` (lowercase)", show(other)),
+            ));
+            None
+        }
+    };
+
+    // Version: given, or derived from the reference.
+    let mut version = None;
+    match values[VERSION] {
+        Some(v) if is_version(v) => version = Some(String::from(v)),
+        Some(v) => errs.push(violation(
+            naming.key(VERSION),
+            Code::InvalidVersion,
+            format!(
+                "version {} is invalid: 1-128 characters from `A-Za-z0-9._+-`, starting with a letter or digit",
+                show(v)
+            ),
+        )),
+        None if dup[VERSION] => {}
+        None => {
+            if let Some(r) = &parsed {
+                let derived = default_version(&r.source);
+                if is_version(&derived) {
+                    version = Some(derived);
+                } else {
+                    errs.push(violation(
+                        naming.key(VERSION),
+                        Code::InvalidVersion,
+                        format!(
+                            "the default version {} (from the image tag) is not a valid version: set `{}` explicitly",
+                            show(&derived),
+                            naming.key(VERSION)
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    // Artifact paths and checksums.
+    let mut paths: [Option<String>; 3] = [None, None, None];
+    let mut shas: [Option<String>; 3] = [None, None, None];
+    for a in 0..3 {
+        let present = values[PATHS + a].is_some() || dup[PATHS + a];
+        if let Some(p) = values[PATHS + a] {
+            match check_path(p) {
+                Ok(()) => paths[a] = Some(String::from(p)),
+                Err(e) => errs.push(violation(naming.key(PATHS + a), Code::InvalidPath, e)),
+            }
+            if let Some(pr) = provider {
+                let info = provider_info(pr);
+                if !info.allowed.contains(&KINDS[a]) {
+                    errs.push(violation(
+                        naming.key(PATHS + a),
+                        Code::NotAllowed,
+                        format!(
+                            "provider `{}` boots a kernel only: remove `{}` (use provider `tdx` or `snp` for an initrd or image)",
+                            info.name,
+                            naming.key(PATHS + a)
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(h) = values[SHAS + a] {
+            if is_sha256_hex(h) {
+                shas[a] = Some(String::from(h));
+            } else {
+                errs.push(violation(
+                    naming.key(SHAS + a),
+                    Code::InvalidSha256,
+                    format!("sha256 {} is invalid: exactly 64 lowercase hex characters (0-9, a-f) are accepted", show(h)),
+                ));
+            }
+            if !present {
+                errs.push(violation(
+                    naming.key(SHAS + a),
+                    Code::Inconsistent,
+                    format!(
+                        "`{}` is set but `{}` is not: a checksum needs its artifact",
+                        naming.key(SHAS + a),
+                        naming.key(PATHS + a)
+                    ),
+                ));
+            }
+        }
+    }
+    let present = |a: usize| values[PATHS + a].is_some() || dup[PATHS + a];
+    if !(0..3).any(present) {
+        errs.push(violation(
+            naming.key(PATHS),
+            Code::Missing,
+            format!(
+                "no artifact: set `{}` (and, for providers that allow it, `{}` or `{}`)",
+                naming.key(PATHS),
+                naming.key(PATHS + 1),
+                naming.key(PATHS + 2)
+            ),
+        ));
+    }
+    if present(1) && present(2) {
+        errs.push(violation(
+            naming.key(PATHS + 2),
+            Code::Conflict,
+            format!(
+                "`{}` and `{}` are exclusive: a guest boots either an initrd or an image",
+                naming.key(PATHS + 1),
+                naming.key(PATHS + 2)
+            ),
+        ));
+    }
+
+    match (errs.is_empty(), parsed, provider, version) {
+        (true, Some(r), Some(provider), Some(version)) => {
+            Ok(Config { image: r.normalised, source: r.source, provider, version, paths, shas })
+        }
+        _ => Err(errs),
+    }
+}
+
+/// The default version: the tag, else `sha256-` + 12 hex of the digest, else `latest`.
+fn default_version(source: &ImageSource) -> String {
+    let (tag, digest) = match source {
+        ImageSource::Registry(r) => (r.tag.as_deref(), r.digest.as_deref()),
+        ImageSource::Layout(l) => (l.tag.as_deref(), None),
+    };
+    match (tag, digest) {
+        (Some(t), _) => String::from(t),
+        (None, Some(d)) => {
+            let hex = d.strip_prefix("sha256:").unwrap_or(d);
+            format!("sha256-{}", hex.get(..12).unwrap_or(hex))
+        }
+        (None, None) => String::from("latest"),
+    }
+}
+
+/// ConfigMap data -> fully resolved `ADDON_*` env list (defaults applied, fixed order).
+pub fn env(data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
+    let c = resolve(data, Naming::Data)?;
+    let key = |i: usize| Naming::Env.key(i);
+    let mut out = alloc::vec![
+        KeyValue::new(key(IMAGE), c.image),
+        KeyValue::new(key(PROVIDER), provider_info(c.provider).name),
+        KeyValue::new(key(VERSION), c.version),
+    ];
+    for (a, p) in c.paths.into_iter().enumerate() {
+        if let Some(p) = p {
+            out.push(KeyValue::new(key(PATHS + a), p));
+        }
+    }
+    for (a, h) in c.shas.into_iter().enumerate() {
+        if let Some(h) = h {
+            out.push(KeyValue::new(key(SHAS + a), h));
+        }
+    }
+    Ok(out)
+}
+
+/// `ADDON_*` env list -> install plan.
+pub fn plan(env: &[KeyValue]) -> Result<Plan, Vec<Violation>> {
+    let c = resolve(env, Naming::Env)?;
+    let info = provider_info(c.provider);
+    let mut artifacts = Vec::new();
+    for (a, (p, h)) in c.paths.into_iter().zip(c.shas).enumerate() {
+        if let Some(source) = p {
+            artifacts.push(Artifact { kind: KINDS[a], source, file_name: String::from(file_name(KINDS[a])), sha256: h });
+        }
+    }
+    Ok(Plan {
+        image: c.image,
+        source: c.source,
+        provider: c.provider,
+        version: c.version,
+        runtime_config: String::from(info.runtime_config),
+        hypervisor_table: String::from(HYPERVISOR_TABLE),
+        install_dir: String::from(INSTALL_DIR),
+        drop_in_path: drop_in_path(info.runtime_config),
+        artifacts,
+    })
 }

@@ -1,0 +1,590 @@
+//! Unit tests: every rule of DESIGN §2 and §3, accepted and rejected.
+
+use crate::*;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+const IMG: &str = "quay.io/openshift_sandboxed_containers/kata-se-artifacts:v1.0";
+const HEX: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+fn kv(pairs: &[(&str, &str)]) -> Vec<KeyValue> {
+    pairs.iter().map(|(n, v)| KeyValue::new(*n, *v)).collect()
+}
+
+fn env_ok(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    match env(&kv(pairs)) {
+        Ok(e) => e.into_iter().map(|k| (k.name, k.value)).collect(),
+        Err(v) => panic!("expected ok for {pairs:?}, got {v:#?}"),
+    }
+}
+
+fn env_err(pairs: &[(&str, &str)]) -> Vec<Violation> {
+    match env(&kv(pairs)) {
+        Ok(e) => panic!("expected violations for {pairs:?}, got {e:?}"),
+        Err(v) => v,
+    }
+}
+
+fn codes(v: &[Violation]) -> Vec<(&str, Code)> {
+    v.iter().map(|v| (v.key.as_str(), v.code)).collect()
+}
+
+fn image_err(image: &str) -> Vec<Violation> {
+    env_err(&[("addonImage", image), ("kernelPath", "/k")])
+}
+
+fn image_ok(image: &str) -> String {
+    let e = env_ok(&[("addonImage", image), ("kernelPath", "/k")]);
+    e[0].1.clone()
+}
+
+fn plan_ok(pairs: &[(&str, &str)]) -> Plan {
+    match plan(&kv(pairs)) {
+        Ok(p) => p,
+        Err(v) => panic!("expected a plan for {pairs:?}, got {v:#?}"),
+    }
+}
+
+#[test]
+fn example_from_the_issue() {
+    let e = env_ok(&[("addonImage", IMG), ("kernelPath", "/artifacts/kernel/vmlinuz")]);
+    assert_eq!(
+        e,
+        [
+            ("ADDON_IMAGE".into(), IMG.into()),
+            ("ADDON_PROVIDER".into(), "se".into()),
+            ("ADDON_VERSION".into(), "v1.0".into()),
+            ("ADDON_KERNEL_PATH".into(), "/artifacts/kernel/vmlinuz".into()),
+        ]
+    );
+}
+
+#[test]
+fn env_fixed_order_with_everything() {
+    let e = env_ok(&[
+        ("imageSha256", HEX),
+        ("kernelSha256", HEX),
+        ("imagePath", "/i.img"),
+        ("kernelPath", "/k"),
+        ("version", "2.0+x"),
+        ("provider", "tdx"),
+        ("addonImage", "quay.io/a/b:v1"),
+    ]);
+    let names: Vec<&str> = e.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "ADDON_IMAGE",
+            "ADDON_PROVIDER",
+            "ADDON_VERSION",
+            "ADDON_KERNEL_PATH",
+            "ADDON_IMAGE_PATH",
+            "ADDON_KERNEL_SHA256",
+            "ADDON_IMAGE_SHA256"
+        ]
+    );
+    assert_eq!(e[2].1, "2.0+x");
+}
+
+#[test]
+fn env_round_trips_through_plan() {
+    let e = env(&kv(&[("addonImage", "quay.io/a/b"), ("kernelPath", "/k"), ("initrdPath", "/i"), ("provider", "snp")]))
+        .expect("env");
+    let p = plan(&e).expect("plan");
+    assert_eq!(p.image, "quay.io/a/b:latest");
+    assert_eq!(p.version, "latest");
+    assert_eq!(p.provider, Provider::Snp);
+    assert_eq!(env(&kv(&[("addonImage", &p.image), ("kernelPath", "/k")])).map(|e| e[0].value.clone()), Ok(p.image));
+}
+
+#[test]
+fn values_are_trimmed_and_empty_is_absent() {
+    let e = env_ok(&[("addonImage", "  quay.io/a/b:v1 \n"), ("kernelPath", "\t/k "), ("provider", "  "), ("version", "")]);
+    assert_eq!(e[0].1, "quay.io/a/b:v1");
+    assert_eq!(e[1].1, "se");
+    assert_eq!(e[2].1, "v1");
+    assert_eq!(e[3].1, "/k");
+    let v = env_err(&[("addonImage", "   "), ("kernelPath", "/k")]);
+    assert_eq!(codes(&v), [("addonImage", Code::Missing)]);
+}
+
+#[test]
+fn duplicate_keys_are_errors() {
+    let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("kernelPath", "/k"), ("kernelPath", "/x")]);
+    assert_eq!(codes(&v), [("kernelPath", Code::Conflict)]);
+    let v = env_err(&[("addonImage", IMG), ("addonImage", IMG), ("kernelPath", "/k")]);
+    assert_eq!(codes(&v), [("addonImage", Code::Conflict)]);
+}
+
+#[test]
+fn unknown_keys_suggest_the_closest() {
+    let v = env_err(&[("addonImage", IMG), ("kernelpath", "/k")]);
+    assert_eq!(codes(&v), [("kernelpath", Code::UnknownKey), ("kernelPath", Code::Missing)]);
+    assert!(v[0].message.contains("did you mean `kernelPath`?"), "{}", v[0].message);
+    let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("ADDON_VERSION", "1")]);
+    assert!(v[0].message.contains("did you mean `version`?"), "{}", v[0].message);
+    let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("zzzzzz", "1")]);
+    assert!(v[0].message.contains("known keys are addonImage"), "{}", v[0].message);
+    let v = plan(&kv(&[("ADDON_IMAGE", IMG), ("ADDON_KERNEL_PATH", "/k"), ("ADDON_KERNELSHA256", HEX)]))
+        .expect_err("unknown");
+    assert_eq!(codes(&v), [("ADDON_KERNELSHA256", Code::UnknownKey)]);
+    assert!(v[0].message.contains("did you mean `ADDON_KERNEL_SHA256`?"), "{}", v[0].message);
+    let v = plan(&kv(&[("ADDON_IMAGE", IMG), ("kernelPath", "/k")])).expect_err("data key in env");
+    assert_eq!(codes(&v), [("kernelPath", Code::UnknownKey), ("ADDON_KERNEL_PATH", Code::Missing)]);
+    assert!(v[0].message.contains("did you mean `ADDON_KERNEL_PATH`?"), "{}", v[0].message);
+    // Control characters in unknown keys are escaped in messages.
+    let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("a\nb", "")]);
+    assert!(!v[0].message.contains('\n'));
+}
+
+#[test]
+fn all_violations_are_reported_at_once() {
+    let v = env_err(&[
+        ("addonImage", "Quay.io/A/B:v1"),
+        ("provider", "SE"),
+        ("version", "-bad"),
+        ("initrdPath", "relative"),
+        ("imagePath", "/a/../b"),
+        ("kernelSha256", "XYZ"),
+        ("typo", "x"),
+    ]);
+    let c = codes(&v);
+    for want in [
+        ("typo", Code::UnknownKey),
+        ("addonImage", Code::InvalidReference),
+        ("provider", Code::InvalidProvider),
+        ("version", Code::InvalidVersion),
+        ("initrdPath", Code::InvalidPath),
+        ("imagePath", Code::InvalidPath),
+        ("imagePath", Code::Conflict),
+        ("kernelSha256", Code::InvalidSha256),
+        ("kernelSha256", Code::Inconsistent),
+    ] {
+        assert!(c.contains(&want), "{want:?} missing from {c:?}");
+    }
+}
+
+#[test]
+fn image_is_required() {
+    let v = env_err(&[("kernelPath", "/k")]);
+    assert_eq!(codes(&v), [("addonImage", Code::Missing)]);
+}
+
+#[test]
+fn registry_references_accepted() {
+    assert_eq!(image_ok("quay.io/a/b:v1"), "quay.io/a/b:v1");
+    assert_eq!(image_ok("quay.io/a/b"), "quay.io/a/b:latest");
+    assert_eq!(image_ok("localhost/b"), "localhost/b:latest");
+    assert_eq!(image_ok("localhost:5000/a/b:x_"), "localhost:5000/a/b:x_");
+    assert_eq!(image_ok("127.0.0.1:5000/a-b/c__d/e.f/g--h:1.0-rc_1"), "127.0.0.1:5000/a-b/c__d/e.f/g--h:1.0-rc_1");
+    assert_eq!(image_ok("[::1]:5000/a/b:v1"), "[::1]:5000/a/b:v1");
+    assert_eq!(image_ok("[fe80::1]/a:v1"), "[fe80::1]/a:v1");
+    assert_eq!(image_ok("my-registry.example.com:65535/x:v1"), "my-registry.example.com:65535/x:v1");
+    let d = alloc::format!("quay.io/a/b@sha256:{HEX}");
+    assert_eq!(image_ok(&d), d);
+    let d = alloc::format!("quay.io/a/b:v2@sha256:{HEX}");
+    assert_eq!(image_ok(&d), d);
+    let tag128 = alloc::format!("quay.io/a/b:{}", "t".repeat(128));
+    assert_eq!(image_ok(&tag128), tag128);
+}
+
+#[test]
+fn registry_references_rejected() {
+    for bad in [
+        "busybox",
+        "busybox:1.36",
+        "library/busybox:1",
+        "quay.io",
+        "quay.io/",
+        "quay.io//b",
+        "quay.io/a/",
+        "quay.io/A/b",
+        "quay.io/a/b_",
+        "quay.io/a/b___c",
+        "quay.io/a/-b",
+        "quay.io/a/b:",
+        "quay.io/a/b:.v1",
+        "quay.io/a/b:-v1",
+        "quay.io/a/b:v 1",
+        "quay.io/a/b@sha256:abc",
+        "quay.io/a/b@sha256:0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef",
+        "quay.io/a/b@sha512:abc",
+        "quay.io/a/b@",
+        "quay.io/a/b@x@y",
+        "quay.io:0/a",
+        "quay.io:65536/a",
+        "quay.io:05000/a",
+        "quay.io:port/a",
+        "-quay.io/a",
+        "quay..io/a",
+        "qu_ay.io/a",
+        "[::1/a",
+        "[zz::1]/a",
+        "[::1]x/a",
+        "docker://quay.io/a/b",
+        "oci:relative/layout",
+        "oci:/a/../b",
+        "oci:/a:",
+        "oci:/a:.bad",
+        "oci:/",
+    ] {
+        let v = image_err(bad);
+        assert!(v.iter().all(|v| v.key == "addonImage" && v.code == Code::InvalidReference), "{bad}: {v:?}");
+    }
+    let tag129 = alloc::format!("quay.io/a/b:{}", "t".repeat(129));
+    assert_eq!(codes(&image_err(&tag129))[0].1, Code::InvalidReference);
+    let long = alloc::format!("quay.io/{}:v1", "a".repeat(250));
+    assert_eq!(codes(&image_err(&long))[0].1, Code::InvalidReference);
+}
+
+#[test]
+fn reference_messages_help() {
+    let v = image_err("busybox:1.36");
+    assert!(v[0].message.contains("docker.io/library/busybox:1.36"), "{}", v[0].message);
+    let v = image_err("library/busybox");
+    assert!(v[0].message.contains("docker.io/library/busybox"), "{}", v[0].message);
+    let v = image_err("quay.io/a/b@sha512:abc");
+    assert!(v[0].message.contains("sha256:"), "{}", v[0].message);
+    let v = image_err("quay.io/A/b");
+    assert!(v[0].message.contains("lowercase"), "{}", v[0].message);
+    // Several problems in one reference are all reported.
+    let v = image_err("quay.io/A/b:.x@sha1:00");
+    assert_eq!(v.len(), 3, "{v:?}");
+}
+
+#[test]
+fn parsed_registry_source() {
+    let p = plan_ok(&[("ADDON_IMAGE", "127.0.0.1:5000/a/b"), ("ADDON_KERNEL_PATH", "/k")]);
+    assert_eq!(
+        p.source,
+        ImageSource::Registry(RegistryRef {
+            registry: "127.0.0.1:5000".into(),
+            repository: "a/b".into(),
+            tag: Some("latest".into()),
+            digest: None,
+        })
+    );
+    let img = alloc::format!("quay.io/a/b@sha256:{HEX}");
+    let p = plan_ok(&[("ADDON_IMAGE", &img), ("ADDON_KERNEL_PATH", "/k")]);
+    assert_eq!(p.version, "sha256-0123456789ab");
+    assert_eq!(p.image, img);
+    match p.source {
+        ImageSource::Registry(r) => {
+            assert_eq!(r.tag, None);
+            assert_eq!(r.digest.as_deref(), Some(&alloc::format!("sha256:{HEX}")[..]));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn layout_references() {
+    let p = plan_ok(&[("ADDON_IMAGE", "oci:/var/lib/layout:v3"), ("ADDON_KERNEL_PATH", "/k")]);
+    assert_eq!(p.image, "oci:/var/lib/layout:v3");
+    assert_eq!(p.version, "v3");
+    assert_eq!(p.source, ImageSource::Layout(LayoutRef { path: "/var/lib/layout".into(), tag: Some("v3".into()) }));
+    let p = plan_ok(&[("ADDON_IMAGE", "oci:/a:b/layout"), ("ADDON_KERNEL_PATH", "/k")]);
+    assert_eq!(p.image, "oci:/a:b/layout");
+    assert_eq!(p.version, "latest");
+    assert_eq!(p.source, ImageSource::Layout(LayoutRef { path: "/a:b/layout".into(), tag: None }));
+}
+
+#[test]
+fn version_rules() {
+    let e = env_ok(&[("addonImage", "quay.io/a/b:_t"), ("kernelPath", "/k"), ("version", "v1")]);
+    assert_eq!(e[2].1, "v1");
+    // A tag starting with `_` is a valid tag but not a valid version.
+    let v = env_err(&[("addonImage", "quay.io/a/b:_t"), ("kernelPath", "/k")]);
+    assert_eq!(codes(&v), [("version", Code::InvalidVersion)]);
+    for bad in ["-v", ".v", "v/1", "v 1", "v:1", "ü"] {
+        let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", bad)]);
+        assert_eq!(codes(&v), [("version", Code::InvalidVersion)], "{bad}");
+    }
+    let v128 = "v".repeat(128);
+    assert_eq!(env_ok(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", &v128)])[2].1, v128);
+    let v129 = "v".repeat(129);
+    assert_eq!(codes(&env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", &v129)]))[0].1, Code::InvalidVersion);
+}
+
+#[test]
+fn providers() {
+    for (name, prov, cfg) in [
+        ("se", Provider::Se, "/etc/kata-containers/kata-se/configuration.toml"),
+        ("tdx", Provider::Tdx, "/etc/kata-containers/kata-tdx/configuration.toml"),
+        ("snp", Provider::Snp, "/etc/kata-containers/kata-snp/configuration.toml"),
+    ] {
+        let p = plan_ok(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", name), ("ADDON_KERNEL_PATH", "/k")]);
+        assert_eq!(p.provider, prov);
+        assert_eq!(p.runtime_config, cfg);
+        assert_eq!(p.hypervisor_table, "hypervisor.qemu");
+        assert_eq!(p.install_dir, "/etc/kata-containers/addons");
+        assert_eq!(p.drop_in_path, alloc::format!("/etc/kata-containers/kata-{name}/config.d/50-kata-addons.toml"));
+    }
+    for bad in ["SE", "sev", "qemu"] {
+        let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("provider", bad)]);
+        assert_eq!(codes(&v), [("provider", Code::InvalidProvider)]);
+        assert!(v[0].message.contains("`se`, `tdx` and `snp`"));
+    }
+}
+
+#[test]
+fn se_allows_kernel_only() {
+    let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("initrdPath", "/i")]);
+    assert_eq!(codes(&v), [("initrdPath", Code::NotAllowed)]);
+    let v = env_err(&[("addonImage", IMG), ("imagePath", "/i")]);
+    assert_eq!(codes(&v), [("imagePath", Code::NotAllowed)]);
+    let v = plan(&kv(&[("ADDON_IMAGE", IMG), ("ADDON_IMAGE_PATH", "/i")])).expect_err("se image");
+    assert_eq!(codes(&v), [("ADDON_IMAGE_PATH", Code::NotAllowed)]);
+}
+
+#[test]
+fn tdx_and_snp_artifacts() {
+    let p = plan_ok(&[
+        ("ADDON_IMAGE", IMG),
+        ("ADDON_PROVIDER", "tdx"),
+        ("ADDON_IMAGE_PATH", "/img"),
+        ("ADDON_KERNEL_PATH", "/k"),
+        ("ADDON_IMAGE_SHA256", HEX),
+    ]);
+    let kinds: Vec<(ArtifactKind, &str, &str, Option<&str>)> =
+        p.artifacts.iter().map(|a| (a.kind, a.source.as_str(), a.file_name.as_str(), a.sha256.as_deref())).collect();
+    assert_eq!(kinds, [(ArtifactKind::Kernel, "/k", "kernel", None), (ArtifactKind::Image, "/img", "image", Some(HEX))]);
+    let p = plan_ok(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", "snp"), ("ADDON_INITRD_PATH", "/i")]);
+    assert_eq!(p.artifacts.len(), 1);
+    assert_eq!(p.artifacts[0].kind, ArtifactKind::Initrd);
+    assert_eq!(p.artifacts[0].file_name, "initrd");
+}
+
+#[test]
+fn artifact_presence_rules() {
+    let v = env_err(&[("addonImage", IMG)]);
+    assert_eq!(codes(&v), [("kernelPath", Code::Missing)]);
+    let v = env_err(&[("addonImage", IMG), ("provider", "tdx"), ("initrdPath", "/i"), ("imagePath", "/m")]);
+    assert_eq!(codes(&v), [("imagePath", Code::Conflict)]);
+}
+
+#[test]
+fn path_rules() {
+    for good in ["/k", "/a/b.c/d-e_f", "/a/.hidden", "/a/..b", "/with space/ü"] {
+        env_ok(&[("addonImage", IMG), ("kernelPath", good)]);
+    }
+    let long_ok = alloc::format!("/{}", "a".repeat(4095));
+    env_ok(&[("addonImage", IMG), ("kernelPath", &long_ok)]);
+    let long = alloc::format!("/{}", "a".repeat(4096));
+    for bad in [
+        "k", "./k", "/", "/a/", "/a//b", "/a/./b", "/a/../b", "/..", "/a\0b", "/a\nb", "/a\x7fb", "/a\u{85}b", &long,
+    ] {
+        let v = env_err(&[("addonImage", IMG), ("kernelPath", bad)]);
+        assert_eq!(codes(&v), [("kernelPath", Code::InvalidPath)], "{bad:?}");
+        assert!(!v[0].message.contains('\n') && !v[0].message.contains('\0'));
+    }
+}
+
+#[test]
+fn sha256_rules() {
+    env_ok(&[("addonImage", IMG), ("kernelPath", "/k"), ("kernelSha256", HEX)]);
+    for bad in [&HEX[1..], &HEX.to_uppercase(), &alloc::format!("{HEX}0"), &alloc::format!("sha256:{HEX}")] {
+        let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("kernelSha256", bad)]);
+        assert_eq!(codes(&v), [("kernelSha256", Code::InvalidSha256)]);
+        assert!(v[0].message.contains("64 lowercase hex"));
+    }
+    let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("initrdSha256", HEX)]);
+    assert_eq!(codes(&v), [("initrdSha256", Code::Inconsistent)]);
+}
+
+#[test]
+fn plan_without_version_defaults() {
+    let p = plan_ok(&[("ADDON_IMAGE", "quay.io/a/b:v9"), ("ADDON_KERNEL_PATH", "/k")]);
+    assert_eq!(p.version, "v9");
+    assert_eq!(p.provider, Provider::Se);
+}
+
+fn base_plan(provider: &str, paths: &[(&str, &str)]) -> Plan {
+    let mut e = kv(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", provider)]);
+    e.extend(kv(paths));
+    plan(&e).expect("plan")
+}
+
+fn inst(kind: ArtifactKind, path: &str) -> InstalledFile {
+    InstalledFile { kind, path: path.into() }
+}
+
+const D: &str = "/etc/kata-containers/addons/v1.0-0123456789ab";
+
+#[test]
+fn render_kernel() {
+    let p = base_plan("se", &[("ADDON_KERNEL_PATH", "/k")]);
+    let out = render(&p, &[inst(ArtifactKind::Kernel, &alloc::format!("{D}/kernel"))]).expect("render");
+    assert_eq!(out, alloc::format!("{HEADER}[hypervisor.qemu]\nkernel = \"{D}/kernel\"\n"));
+}
+
+#[test]
+fn render_initrd_and_image_clear_each_other() {
+    let p = base_plan("tdx", &[("ADDON_KERNEL_PATH", "/k"), ("ADDON_INITRD_PATH", "/i")]);
+    let out = render(
+        &p,
+        &[inst(ArtifactKind::Initrd, &alloc::format!("{D}/initrd")), inst(ArtifactKind::Kernel, &alloc::format!("{D}/kernel"))],
+    )
+    .expect("render");
+    assert_eq!(
+        out,
+        alloc::format!("{HEADER}[hypervisor.qemu]\nkernel = \"{D}/kernel\"\ninitrd = \"{D}/initrd\"\nimage = \"\"\n")
+    );
+    let p = base_plan("snp", &[("ADDON_IMAGE_PATH", "/m")]);
+    let out = render(&p, &[inst(ArtifactKind::Image, &alloc::format!("{D}/image"))]).expect("render");
+    assert_eq!(out, alloc::format!("{HEADER}[hypervisor.qemu]\ninitrd = \"\"\nimage = \"{D}/image\"\n"));
+}
+
+#[test]
+fn render_escapes_through_the_serializer() {
+    let p = base_plan("se", &[("ADDON_KERNEL_PATH", "/k")]);
+    let weird = "/etc/kata-containers/addons/v\"1\\x/kernel";
+    let out = render(&p, &[inst(ArtifactKind::Kernel, weird)]).expect("render");
+    let body = out.strip_prefix(HEADER).expect("header");
+    assert_eq!(body.lines().count(), 2, "{out}");
+    assert!(!HEADER.trim_end().contains('\n'));
+}
+
+#[test]
+fn render_rejects_bad_installed() {
+    let p = base_plan("tdx", &[("ADDON_KERNEL_PATH", "/k"), ("ADDON_IMAGE_PATH", "/m")]);
+    let k = alloc::format!("{D}/kernel");
+    let m = alloc::format!("{D}/image");
+    let cases: Vec<(Vec<InstalledFile>, Vec<Code>)> = alloc::vec![
+        (alloc::vec![inst(ArtifactKind::Kernel, &k)], alloc::vec![Code::Inconsistent]),
+        (
+            alloc::vec![inst(ArtifactKind::Kernel, &k), inst(ArtifactKind::Image, &m), inst(ArtifactKind::Initrd, "/x")],
+            alloc::vec![Code::Inconsistent]
+        ),
+        (
+            alloc::vec![inst(ArtifactKind::Kernel, &k), inst(ArtifactKind::Kernel, &k), inst(ArtifactKind::Image, &m)],
+            alloc::vec![Code::Inconsistent]
+        ),
+        (alloc::vec![inst(ArtifactKind::Kernel, "/boot/kernel"), inst(ArtifactKind::Image, &m)], alloc::vec![Code::InvalidPath]),
+        (
+            alloc::vec![inst(ArtifactKind::Kernel, "/etc/kata-containers/addons/kernel"), inst(ArtifactKind::Image, &m)],
+            alloc::vec![Code::InvalidPath]
+        ),
+        (
+            alloc::vec![inst(ArtifactKind::Kernel, &alloc::format!("{D}/../kernel")), inst(ArtifactKind::Image, &m)],
+            alloc::vec![Code::InvalidPath]
+        ),
+        (
+            alloc::vec![inst(ArtifactKind::Kernel, "/etc/kata-containers/addonsX/v/kernel"), inst(ArtifactKind::Image, &m)],
+            alloc::vec![Code::InvalidPath]
+        ),
+        (
+            alloc::vec![inst(ArtifactKind::Kernel, &alloc::format!("{D}/vmlinuz")), inst(ArtifactKind::Image, &m)],
+            alloc::vec![Code::Inconsistent]
+        ),
+        (
+            alloc::vec![inst(ArtifactKind::Kernel, "/etc/kata-containers/addons/other/kernel"), inst(ArtifactKind::Image, &m)],
+            alloc::vec![Code::Inconsistent]
+        ),
+        (alloc::vec![], alloc::vec![Code::Inconsistent, Code::Inconsistent]),
+    ];
+    for (installed, want) in cases {
+        let v = render(&p, &installed).expect_err("violations");
+        assert!(v.iter().all(|v| v.key == "installed"), "{v:?}");
+        assert_eq!(v.iter().map(|v| v.code).collect::<Vec<_>>(), want, "{installed:?}");
+    }
+}
+
+#[test]
+fn render_rejects_inconsistent_plan() {
+    let good = base_plan("se", &[("ADDON_KERNEL_PATH", "/k")]);
+    let k = [inst(ArtifactKind::Kernel, &alloc::format!("{D}/kernel"))];
+    let mut p = good.clone();
+    p.hypervisor_table = "hypervisor.clh".into();
+    assert_eq!(codes(&render(&p, &k).expect_err("table")), [("plan", Code::Inconsistent)]);
+    let mut p = good.clone();
+    p.drop_in_path = "/etc/passwd".into();
+    assert_eq!(codes(&render(&p, &k).expect_err("drop-in")), [("plan", Code::Inconsistent)]);
+    let mut p = good.clone();
+    p.install_dir = "relative".into();
+    assert!(codes(&render(&p, &k).expect_err("dir")).contains(&("plan", Code::InvalidPath)));
+    let mut p = good.clone();
+    p.artifacts[0].file_name = "../x".into();
+    assert_eq!(codes(&render(&p, &k).expect_err("name")), [("plan", Code::Inconsistent)]);
+    let mut p = good.clone();
+    p.artifacts.push(Artifact { kind: ArtifactKind::Initrd, source: "/i".into(), file_name: "initrd".into(), sha256: None });
+    let v = render(&p, &k).expect_err("se initrd");
+    assert!(codes(&v).contains(&("plan", Code::NotAllowed)));
+    let mut p = good;
+    p.artifacts.clear();
+    assert!(codes(&render(&p, &k).expect_err("empty")).contains(&("plan", Code::Missing)));
+}
+
+/// A tiny deterministic PRNG (xorshift64*), so junk tests need no extra dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+
+    fn junk(&mut self) -> String {
+        const PIECES: &[&str] = &[
+            "/", ":", "@", ".", "..", "-", "_", "__", "[", "]", "sha256:", "oci:", "a", "Z", "9", "\0", "\n", " ", "ü",
+            "localhost", "quay.io", "0123456789abcdef", "\u{7f}", "//", "::1", "65535", "latest",
+        ];
+        let n = self.next() % 12;
+        (0..n).map(|_| self.pick(PIECES)).collect()
+    }
+}
+
+#[test]
+fn junk_never_panics() {
+    let names = [
+        "addonImage", "provider", "version", "kernelPath", "initrdPath", "imagePath", "kernelSha256", "initrdSha256",
+        "imageSha256", "ADDON_IMAGE", "ADDON_PROVIDER", "ADDON_VERSION", "ADDON_KERNEL_PATH", "ADDON_INITRD_PATH",
+        "ADDON_IMAGE_PATH", "ADDON_KERNEL_SHA256", "ADDON_INITRD_SHA256", "ADDON_IMAGE_SHA256", "kernelpath", "",
+        "\u{85}",
+    ];
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut plans = 0;
+    for _ in 0..20_000 {
+        let n = rng.next() % 3;
+        // Half the time, start from a valid env so that plan and render see real plans.
+        let mut input = if rng.next() % 2 == 0 {
+            kv(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", "tdx"), ("ADDON_KERNEL_PATH", "/k")])
+        } else {
+            Vec::new()
+        };
+        for _ in 0..n {
+            let name = if rng.next() % 10 == 0 { rng.junk() } else { rng.pick(&names).into() };
+            let value = match rng.next() % 4 {
+                0 => rng.pick(&[IMG, "oci:/a/b:v1", "/k", "tdx", "snp", HEX, "1.0"]).into(),
+                _ => rng.junk(),
+            };
+            input.push(KeyValue { name, value });
+        }
+        if let Err(v) = env(&input) {
+            assert!(!v.is_empty());
+        }
+        if let Ok(p) = plan(&input) {
+            plans += 1;
+            let installed: Vec<InstalledFile> = p
+                .artifacts
+                .iter()
+                .map(|a| InstalledFile { kind: a.kind, path: alloc::format!("{}/{}/{}", p.install_dir, rng.junk(), a.file_name) })
+                .collect();
+            let _ = render(&p, &installed);
+        }
+        // Junk installed lists against a fixed plan.
+        let p = base_plan("tdx", &[("ADDON_KERNEL_PATH", "/k"), ("ADDON_INITRD_PATH", "/i")]);
+        let kinds = [ArtifactKind::Kernel, ArtifactKind::Initrd, ArtifactKind::Image];
+        let installed: Vec<InstalledFile> = (0..rng.next() % 4)
+            .map(|_| InstalledFile { kind: kinds[(rng.next() % 3) as usize], path: alloc::format!("{D}/{}", rng.junk()) })
+            .collect();
+        let _ = render(&p, &installed);
+    }
+    assert!(plans > 0 || cfg!(miri));
+}
