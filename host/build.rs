@@ -11,10 +11,7 @@ fn main() {
     let root = manifest_dir.parent().expect("host/ lives in the workspace root").to_path_buf();
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target_dir = target_dir(&root, &out_dir);
-    // One guest target directory per workspace checkout: worktrees that share a
-    // CARGO_TARGET_DIR must not overwrite each other's component.
-    let checkout = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let guest_target = target_dir.join(format!("guest-wasm-{checkout}"));
+    let guest_target = target_dir.join("guest-wasm");
 
     for p in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());

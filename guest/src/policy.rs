@@ -271,7 +271,10 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
                 errs.push(violation(
                     naming.key(SHAS + a),
                     Code::InvalidSha256,
-                    format!("sha256 {} is invalid: exactly 64 lowercase hex characters (0-9, a-f) are accepted", show(h)),
+                    format!(
+                        "sha256 {} is invalid: exactly 64 lowercase hex characters (0-9, a-f) are accepted",
+                        show(h)
+                    ),
                 ));
             }
             if !present {
@@ -365,7 +368,12 @@ pub fn plan(env: &[KeyValue]) -> Result<Plan, Vec<Violation>> {
     let mut artifacts = Vec::new();
     for (a, (p, h)) in c.paths.into_iter().zip(c.shas).enumerate() {
         if let Some(source) = p {
-            artifacts.push(Artifact { kind: KINDS[a], source, file_name: String::from(file_name(KINDS[a])), sha256: h });
+            artifacts.push(Artifact {
+                kind: KINDS[a],
+                source,
+                file_name: String::from(file_name(KINDS[a])),
+                sha256: h,
+            });
         }
     }
     Ok(Plan {

@@ -121,7 +121,10 @@ fn parse_registry(s: &str) -> Result<Reference, Vec<String>> {
         errs.push(e);
     }
     if name.len() > MAX_NAME {
-        errs.push(format!("the name `registry/repository` is {} bytes long: at most {MAX_NAME} are accepted", name.len()));
+        errs.push(format!(
+            "the name `registry/repository` is {} bytes long: at most {MAX_NAME} are accepted",
+            name.len()
+        ));
     }
     if !errs.is_empty() {
         return Err(errs);

@@ -4,11 +4,11 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
 
 use crate::checks::{check_path, show};
-use crate::policy::{drop_in_path, file_name, provider_info, HYPERVISOR_TABLE};
+use crate::policy::{HYPERVISOR_TABLE, drop_in_path, file_name, provider_info};
 use crate::types::*;
 
 /// First line of every drop-in. Constant: no value is ever formatted into a comment.
@@ -73,11 +73,7 @@ fn check_plan(plan: &Plan, errs: &mut Vec<Violation>) {
     }
     for (i, a) in plan.artifacts.iter().enumerate() {
         if plan.artifacts[..i].iter().any(|b| b.kind == a.kind) {
-            errs.push(violation(
-                "plan",
-                Code::Inconsistent,
-                format!("the plan lists the {} twice", file_name(a.kind)),
-            ));
+            errs.push(violation("plan", Code::Inconsistent, format!("the plan lists the {} twice", file_name(a.kind))));
         }
         if a.file_name != file_name(a.kind) {
             errs.push(violation(
@@ -111,7 +107,11 @@ pub fn render(plan: &Plan, installed: &[InstalledFile]) -> Result<String, Vec<Vi
         let name = file_name(f.kind);
         let slot = f.kind as usize;
         if !plan.artifacts.iter().any(|a| a.kind == f.kind) {
-            errs.push(violation("installed", Code::Inconsistent, format!("the {name} was installed but the plan has no {name}")));
+            errs.push(violation(
+                "installed",
+                Code::Inconsistent,
+                format!("the {name} was installed but the plan has no {name}"),
+            ));
             continue;
         }
         if paths[slot].is_some() {
@@ -166,7 +166,8 @@ pub fn render(plan: &Plan, installed: &[InstalledFile]) -> Result<String, Vec<Vi
     // installing one clears the other.
     let keys = Keys { kernel, initrd: initrd.or(image.map(|_| "")), image: image.or(initrd.map(|_| "")) };
     let table: Vec<&str> = plan.hypervisor_table.split('.').collect();
-    let body = toml::to_string(&Nested { path: &table, leaf: &keys })
-        .map_err(|e| alloc::vec![violation("plan", Code::Inconsistent, format!("cannot serialise the drop-in: {e}"))])?;
+    let body = toml::to_string(&Nested { path: &table, leaf: &keys }).map_err(|e| {
+        alloc::vec![violation("plan", Code::Inconsistent, format!("cannot serialise the drop-in: {e}"))]
+    })?;
     Ok(format!("{HEADER}{body}"))
 }

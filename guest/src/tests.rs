@@ -99,7 +99,8 @@ fn env_round_trips_through_plan() {
 
 #[test]
 fn values_are_trimmed_and_empty_is_absent() {
-    let e = env_ok(&[("addonImage", "  quay.io/a/b:v1 \n"), ("kernelPath", "\t/k "), ("provider", "  "), ("version", "")]);
+    let e =
+        env_ok(&[("addonImage", "  quay.io/a/b:v1 \n"), ("kernelPath", "\t/k "), ("provider", "  "), ("version", "")]);
     assert_eq!(e[0].1, "quay.io/a/b:v1");
     assert_eq!(e[1].1, "se");
     assert_eq!(e[2].1, "v1");
@@ -303,7 +304,10 @@ fn version_rules() {
     let v128 = "v".repeat(128);
     assert_eq!(env_ok(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", &v128)])[2].1, v128);
     let v129 = "v".repeat(129);
-    assert_eq!(codes(&env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", &v129)]))[0].1, Code::InvalidVersion);
+    assert_eq!(
+        codes(&env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", &v129)]))[0].1,
+        Code::InvalidVersion
+    );
 }
 
 #[test]
@@ -348,7 +352,10 @@ fn tdx_and_snp_artifacts() {
     ]);
     let kinds: Vec<(ArtifactKind, &str, &str, Option<&str>)> =
         p.artifacts.iter().map(|a| (a.kind, a.source.as_str(), a.file_name.as_str(), a.sha256.as_deref())).collect();
-    assert_eq!(kinds, [(ArtifactKind::Kernel, "/k", "kernel", None), (ArtifactKind::Image, "/img", "image", Some(HEX))]);
+    assert_eq!(
+        kinds,
+        [(ArtifactKind::Kernel, "/k", "kernel", None), (ArtifactKind::Image, "/img", "image", Some(HEX))]
+    );
     let p = plan_ok(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", "snp"), ("ADDON_INITRD_PATH", "/i")]);
     assert_eq!(p.artifacts.len(), 1);
     assert_eq!(p.artifacts[0].kind, ArtifactKind::Initrd);
@@ -371,9 +378,9 @@ fn path_rules() {
     let long_ok = alloc::format!("/{}", "a".repeat(4095));
     env_ok(&[("addonImage", IMG), ("kernelPath", &long_ok)]);
     let long = alloc::format!("/{}", "a".repeat(4096));
-    for bad in [
-        "k", "./k", "/", "/a/", "/a//b", "/a/./b", "/a/../b", "/..", "/a\0b", "/a\nb", "/a\x7fb", "/a\u{85}b", &long,
-    ] {
+    for bad in
+        ["k", "./k", "/", "/a/", "/a//b", "/a/./b", "/a/../b", "/..", "/a\0b", "/a\nb", "/a\x7fb", "/a\u{85}b", &long]
+    {
         let v = env_err(&[("addonImage", IMG), ("kernelPath", bad)]);
         assert_eq!(codes(&v), [("kernelPath", Code::InvalidPath)], "{bad:?}");
         assert!(!v[0].message.contains('\n') && !v[0].message.contains('\0'));
@@ -423,7 +430,10 @@ fn render_initrd_and_image_clear_each_other() {
     let p = base_plan("tdx", &[("ADDON_KERNEL_PATH", "/k"), ("ADDON_INITRD_PATH", "/i")]);
     let out = render(
         &p,
-        &[inst(ArtifactKind::Initrd, &alloc::format!("{D}/initrd")), inst(ArtifactKind::Kernel, &alloc::format!("{D}/kernel"))],
+        &[
+            inst(ArtifactKind::Initrd, &alloc::format!("{D}/initrd")),
+            inst(ArtifactKind::Kernel, &alloc::format!("{D}/kernel")),
+        ],
     )
     .expect("render");
     assert_eq!(
@@ -453,16 +463,26 @@ fn render_rejects_bad_installed() {
     let cases: Vec<(Vec<InstalledFile>, Vec<Code>)> = alloc::vec![
         (alloc::vec![inst(ArtifactKind::Kernel, &k)], alloc::vec![Code::Inconsistent]),
         (
-            alloc::vec![inst(ArtifactKind::Kernel, &k), inst(ArtifactKind::Image, &m), inst(ArtifactKind::Initrd, "/x")],
+            alloc::vec![
+                inst(ArtifactKind::Kernel, &k),
+                inst(ArtifactKind::Image, &m),
+                inst(ArtifactKind::Initrd, "/x")
+            ],
             alloc::vec![Code::Inconsistent]
         ),
         (
             alloc::vec![inst(ArtifactKind::Kernel, &k), inst(ArtifactKind::Kernel, &k), inst(ArtifactKind::Image, &m)],
             alloc::vec![Code::Inconsistent]
         ),
-        (alloc::vec![inst(ArtifactKind::Kernel, "/boot/kernel"), inst(ArtifactKind::Image, &m)], alloc::vec![Code::InvalidPath]),
         (
-            alloc::vec![inst(ArtifactKind::Kernel, "/etc/kata-containers/addons/kernel"), inst(ArtifactKind::Image, &m)],
+            alloc::vec![inst(ArtifactKind::Kernel, "/boot/kernel"), inst(ArtifactKind::Image, &m)],
+            alloc::vec![Code::InvalidPath]
+        ),
+        (
+            alloc::vec![
+                inst(ArtifactKind::Kernel, "/etc/kata-containers/addons/kernel"),
+                inst(ArtifactKind::Image, &m)
+            ],
             alloc::vec![Code::InvalidPath]
         ),
         (
@@ -470,7 +490,10 @@ fn render_rejects_bad_installed() {
             alloc::vec![Code::InvalidPath]
         ),
         (
-            alloc::vec![inst(ArtifactKind::Kernel, "/etc/kata-containers/addonsX/v/kernel"), inst(ArtifactKind::Image, &m)],
+            alloc::vec![
+                inst(ArtifactKind::Kernel, "/etc/kata-containers/addonsX/v/kernel"),
+                inst(ArtifactKind::Image, &m)
+            ],
             alloc::vec![Code::InvalidPath]
         ),
         (
@@ -478,7 +501,10 @@ fn render_rejects_bad_installed() {
             alloc::vec![Code::Inconsistent]
         ),
         (
-            alloc::vec![inst(ArtifactKind::Kernel, "/etc/kata-containers/addons/other/kernel"), inst(ArtifactKind::Image, &m)],
+            alloc::vec![
+                inst(ArtifactKind::Kernel, "/etc/kata-containers/addons/other/kernel"),
+                inst(ArtifactKind::Image, &m)
+            ],
             alloc::vec![Code::Inconsistent]
         ),
         (alloc::vec![], alloc::vec![Code::Inconsistent, Code::Inconsistent]),
@@ -507,7 +533,12 @@ fn render_rejects_inconsistent_plan() {
     p.artifacts[0].file_name = "../x".into();
     assert_eq!(codes(&render(&p, &k).expect_err("name")), [("plan", Code::Inconsistent)]);
     let mut p = good.clone();
-    p.artifacts.push(Artifact { kind: ArtifactKind::Initrd, source: "/i".into(), file_name: "initrd".into(), sha256: None });
+    p.artifacts.push(Artifact {
+        kind: ArtifactKind::Initrd,
+        source: "/i".into(),
+        file_name: "initrd".into(),
+        sha256: None,
+    });
     let v = render(&p, &k).expect_err("se initrd");
     assert!(codes(&v).contains(&("plan", Code::NotAllowed)));
     let mut p = good;
@@ -532,8 +563,33 @@ impl Rng {
 
     fn junk(&mut self) -> String {
         const PIECES: &[&str] = &[
-            "/", ":", "@", ".", "..", "-", "_", "__", "[", "]", "sha256:", "oci:", "a", "Z", "9", "\0", "\n", " ", "ü",
-            "localhost", "quay.io", "0123456789abcdef", "\u{7f}", "//", "::1", "65535", "latest",
+            "/",
+            ":",
+            "@",
+            ".",
+            "..",
+            "-",
+            "_",
+            "__",
+            "[",
+            "]",
+            "sha256:",
+            "oci:",
+            "a",
+            "Z",
+            "9",
+            "\0",
+            "\n",
+            " ",
+            "ü",
+            "localhost",
+            "quay.io",
+            "0123456789abcdef",
+            "\u{7f}",
+            "//",
+            "::1",
+            "65535",
+            "latest",
         ];
         let n = self.next() % 12;
         (0..n).map(|_| self.pick(PIECES)).collect()
@@ -543,9 +599,26 @@ impl Rng {
 #[test]
 fn junk_never_panics() {
     let names = [
-        "addonImage", "provider", "version", "kernelPath", "initrdPath", "imagePath", "kernelSha256", "initrdSha256",
-        "imageSha256", "ADDON_IMAGE", "ADDON_PROVIDER", "ADDON_VERSION", "ADDON_KERNEL_PATH", "ADDON_INITRD_PATH",
-        "ADDON_IMAGE_PATH", "ADDON_KERNEL_SHA256", "ADDON_INITRD_SHA256", "ADDON_IMAGE_SHA256", "kernelpath", "",
+        "addonImage",
+        "provider",
+        "version",
+        "kernelPath",
+        "initrdPath",
+        "imagePath",
+        "kernelSha256",
+        "initrdSha256",
+        "imageSha256",
+        "ADDON_IMAGE",
+        "ADDON_PROVIDER",
+        "ADDON_VERSION",
+        "ADDON_KERNEL_PATH",
+        "ADDON_INITRD_PATH",
+        "ADDON_IMAGE_PATH",
+        "ADDON_KERNEL_SHA256",
+        "ADDON_INITRD_SHA256",
+        "ADDON_IMAGE_SHA256",
+        "kernelpath",
+        "",
         "\u{85}",
     ];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -553,13 +626,13 @@ fn junk_never_panics() {
     for _ in 0..20_000 {
         let n = rng.next() % 3;
         // Half the time, start from a valid env so that plan and render see real plans.
-        let mut input = if rng.next() % 2 == 0 {
+        let mut input = if rng.next().is_multiple_of(2) {
             kv(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", "tdx"), ("ADDON_KERNEL_PATH", "/k")])
         } else {
             Vec::new()
         };
         for _ in 0..n {
-            let name = if rng.next() % 10 == 0 { rng.junk() } else { rng.pick(&names).into() };
+            let name = if rng.next().is_multiple_of(10) { rng.junk() } else { rng.pick(&names).into() };
             let value = match rng.next() % 4 {
                 0 => rng.pick(&[IMG, "oci:/a/b:v1", "/k", "tdx", "snp", HEX, "1.0"]).into(),
                 _ => rng.junk(),
@@ -574,7 +647,10 @@ fn junk_never_panics() {
             let installed: Vec<InstalledFile> = p
                 .artifacts
                 .iter()
-                .map(|a| InstalledFile { kind: a.kind, path: alloc::format!("{}/{}/{}", p.install_dir, rng.junk(), a.file_name) })
+                .map(|a| InstalledFile {
+                    kind: a.kind,
+                    path: alloc::format!("{}/{}/{}", p.install_dir, rng.junk(), a.file_name),
+                })
                 .collect();
             let _ = render(&p, &installed);
         }
@@ -582,7 +658,10 @@ fn junk_never_panics() {
         let p = base_plan("tdx", &[("ADDON_KERNEL_PATH", "/k"), ("ADDON_INITRD_PATH", "/i")]);
         let kinds = [ArtifactKind::Kernel, ArtifactKind::Initrd, ArtifactKind::Image];
         let installed: Vec<InstalledFile> = (0..rng.next() % 4)
-            .map(|_| InstalledFile { kind: kinds[(rng.next() % 3) as usize], path: alloc::format!("{D}/{}", rng.junk()) })
+            .map(|_| InstalledFile {
+                kind: kinds[(rng.next() % 3) as usize],
+                path: alloc::format!("{D}/{}", rng.junk()),
+            })
             .collect();
         let _ = render(&p, &installed);
     }

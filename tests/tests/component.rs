@@ -23,8 +23,9 @@ fn component_imports_nothing() {
             Payload::ComponentImportSection(reader) => {
                 for import in reader {
                     let import = import.expect("component import");
-                    // `use types.{…}` in the world shows up as imports of fully defined types
-                    // (`(type (eq N))`): names for types, nothing the host must provide.
+                    // Named WIT types used by the exports are encoded as imports of fully
+                    // defined types (`(type (eq N))`), even when defined in the world itself:
+                    // names for types, nothing the host must provide.
                     if let ComponentTypeRef::Type(TypeBounds::Eq(_)) = import.ty {
                         continue;
                     }
