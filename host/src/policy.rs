@@ -519,10 +519,10 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
         if !is_clean_abs_path(&a.source) {
             return Err(bad(f, format!("artifact source {:?} is not a clean absolute path", prefix(&a.source))));
         }
-        if let Some(s) = &a.sha256 {
-            if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-                return Err(bad(f, format!("artifact sha256 {:?} is not 64 lowercase hex", prefix(s))));
-            }
+        if let Some(s) = &a.sha256
+            && (s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        {
+            return Err(bad(f, format!("artifact sha256 {:?} is not 64 lowercase hex", prefix(s))));
         }
     }
     Ok(())
