@@ -3,10 +3,13 @@
 
 pub mod cli;
 pub mod configmap;
+pub mod extract;
+pub mod fetch;
 pub mod layout;
 pub mod logging;
 pub mod policy;
 pub mod preview;
+pub mod source;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -60,7 +63,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             eprintln!("wrote {} ({} bytes)", file.display(), bytes.len());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Fetch { .. } => bail!("fetch: not available in this build yet"),
+        Command::Fetch { image, paths, dest, registry } => {
+            let rt =
+                tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the async runtime")?;
+            rt.block_on(fetch::run_fetch(&image, &paths, &dest, &registry))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Install { .. } | Command::Uninstall { .. } | Command::Status { .. } | Command::Daemon { .. } => {
             bail!("this command is not available in this build yet")
         }
