@@ -4,6 +4,8 @@
 pub mod cli;
 pub mod configmap;
 pub mod daemon;
+pub mod extract;
+pub mod fetch;
 pub mod install;
 pub mod layout;
 pub mod lock;
@@ -11,6 +13,7 @@ pub mod logging;
 pub mod node;
 pub mod policy;
 pub mod preview;
+pub mod source;
 pub mod state;
 
 use std::process::ExitCode;

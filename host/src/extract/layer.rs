@@ -1,0 +1,349 @@
+//! One streaming pass over one layer blob: decompress, walk the tar, index every entry,
+//! and copy the candidate files into temporary files in the destination directory.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use cap_std::fs::{Dir, OpenOptions};
+use sha2::Digest;
+
+use super::{LayerIndex, Node, Resolution, View, normalize};
+
+/// Prefix of temporary files created in the destination directory.
+pub const TMP_PREFIX: &str = ".kata-addons-tmp.";
+
+/// How a layer's bytes are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// Plain tar.
+    None,
+    /// gzip (possibly several members).
+    Gzip,
+    /// zstd.
+    Zstd,
+}
+
+impl Compression {
+    /// The compression for a layer media type; unknown types are refused.
+    pub fn from_media_type(mt: &str) -> Result<Self> {
+        Ok(match mt {
+            "application/vnd.oci.image.layer.v1.tar"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar"
+            | "application/vnd.docker.image.rootfs.diff.tar" => Compression::None,
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
+            | "application/vnd.docker.image.rootfs.diff.tar.gzip"
+            | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Compression::Gzip,
+            "application/vnd.oci.image.layer.v1.tar+zstd"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd" => Compression::Zstd,
+            other => bail!("unsupported layer media type {other:?}"),
+        })
+    }
+}
+
+/// Temporary files created in the destination; whatever is still listed when the
+/// set is dropped is removed.
+#[derive(Clone)]
+pub struct TempFiles {
+    dir: Arc<Dir>,
+    names: Arc<Mutex<HashSet<String>>>,
+    counter: Arc<AtomicU64>,
+}
+
+impl TempFiles {
+    /// A set of temporary files in `dir`.
+    pub fn new(dir: Dir) -> Self {
+        TempFiles { dir: Arc::new(dir), names: Arc::default(), counter: Arc::default() }
+    }
+
+    /// The destination directory.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// Creates a new temporary file (mode 0644, exclusive).
+    pub fn create(&self) -> Result<(String, cap_std::fs::File)> {
+        use cap_std::fs::OpenOptionsExt;
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{TMP_PREFIX}{}.{n}", std::process::id());
+        let mut oo = OpenOptions::new();
+        oo.write(true).create_new(true).mode(0o644);
+        let f = self
+            .dir
+            .open_with(&name, &oo)
+            .with_context(|| format!("create temporary file {name} in the destination"))?;
+        self.names.lock().map_err(|_| anyhow::anyhow!("temp file list poisoned"))?.insert(name.clone());
+        Ok((name, f))
+    }
+
+    /// Removes a temporary file now.
+    pub fn remove(&self, name: &str) {
+        if let Ok(mut n) = self.names.lock() {
+            n.remove(name);
+        }
+        let _ = self.dir.remove_file(name);
+    }
+
+    /// Marks a temporary file as kept (it was renamed to its final name).
+    pub fn keep(&self, name: &str) {
+        if let Ok(mut n) = self.names.lock() {
+            n.remove(name);
+        }
+    }
+
+    /// Removes every temporary file not kept.
+    pub fn cleanup(&self) {
+        let names: Vec<String> = match self.names.lock() {
+            Ok(mut n) => n.drain().collect(),
+            Err(_) => return,
+        };
+        for n in names {
+            let _ = self.dir.remove_file(&n);
+        }
+    }
+}
+
+/// A file copied out of a layer into a temporary file.
+#[derive(Debug, Clone)]
+pub struct Capture {
+    /// Temporary file name in the destination.
+    pub tmp: String,
+    /// sha256 (hex) of the content.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Which files of a layer to copy out.
+pub enum Mode {
+    /// Whatever the wanted paths may lead to, as far as known (recomputed after links).
+    Discover(Vec<String>),
+    /// Exactly these paths (second pass over a layer already indexed).
+    Exact(HashSet<String>),
+}
+
+/// Inputs of one layer pass.
+pub struct LayerJob {
+    /// Layer number, 0 = top.
+    pub number: usize,
+    /// Layer digest (for messages).
+    pub digest: String,
+    /// Compression of the blob.
+    pub compression: Compression,
+    /// Indexes of the layers above, top first.
+    pub upper: Vec<Arc<LayerIndex>>,
+    /// What to copy out.
+    pub mode: Mode,
+    /// Where temporary files go.
+    pub temps: TempFiles,
+    /// Largest single file.
+    pub max_file_size: u64,
+    /// Largest total copied (shared across layers).
+    pub max_total_size: u64,
+    /// Bytes copied so far (shared across layers).
+    pub total: Arc<AtomicU64>,
+}
+
+/// What one layer pass produced.
+pub struct LayerOutput {
+    /// The layer's index.
+    pub index: LayerIndex,
+    /// Files copied out, by normalised path.
+    pub captures: HashMap<String, Capture>,
+}
+
+/// A `Read` over chunks received from the async side; channel closed = end of data.
+pub struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    cur: Bytes,
+}
+
+impl ChannelReader {
+    /// Wraps a receiver.
+    pub fn new(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Self {
+        ChannelReader { rx, cur: Bytes::new() }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(b) => self.cur = b,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        let _ = self.cur.split_to(n);
+        Ok(n)
+    }
+}
+
+fn candidates(job: &LayerJob, index: &LayerIndex, wanted: &[String]) -> HashSet<String> {
+    let mut layers: Vec<&LayerIndex> = job.upper.iter().map(|a| a.as_ref()).collect();
+    layers.push(index);
+    let view = View { layers, all_read: false };
+    let mut out = HashSet::new();
+    for w in wanted {
+        match view.resolve(w) {
+            Resolution::File { layer, path, .. } if layer == job.number => {
+                out.insert(path);
+            }
+            Resolution::Unknown { frontier } => {
+                out.insert(frontier);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn copy_out<R: Read>(job: &LayerJob, path: &str, entry: &mut R, size: u64) -> Result<Capture> {
+    if size > job.max_file_size {
+        bail!("/{path} is {size} bytes, more than the per-file limit of {} bytes", job.max_file_size);
+    }
+    let (tmp, file) = job.temps.create()?;
+    let mut w = std::io::BufWriter::with_capacity(64 * 1024, file);
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut n_total = 0u64;
+    loop {
+        let n = entry.read(&mut buf).with_context(|| format!("read /{path} from the layer"))?;
+        if n == 0 {
+            break;
+        }
+        n_total += n as u64;
+        if n_total > job.max_file_size {
+            bail!("/{path} exceeds the per-file limit of {} bytes", job.max_file_size);
+        }
+        let total = job.total.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        if total > job.max_total_size {
+            bail!("extracted files exceed the total limit of {} bytes", job.max_total_size);
+        }
+        hasher.update(&buf[..n]);
+        w.write_all(&buf[..n]).with_context(|| format!("write temporary file {tmp}"))?;
+    }
+    let file = w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("write temporary file {tmp}"))?;
+    file.sync_all().with_context(|| format!("fsync temporary file {tmp}"))?;
+    Ok(Capture { tmp, sha256: hex::encode(hasher.finalize()), size: n_total })
+}
+
+/// Walks one layer's tar stream from `rx` (runs on a blocking thread).
+pub fn run(job: LayerJob, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Result<LayerOutput> {
+    let mut captures: HashMap<String, Capture> = HashMap::new();
+    let res = walk(&job, rx, &mut captures);
+    if res.is_err() {
+        for c in captures.values() {
+            job.temps.remove(&c.tmp);
+        }
+    }
+    res.map(|index| LayerOutput { index, captures })
+}
+
+fn walk(
+    job: &LayerJob,
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    captures: &mut HashMap<String, Capture>,
+) -> Result<LayerIndex> {
+    let reader = ChannelReader::new(rx);
+    let decoder: Box<dyn Read> = match job.compression {
+        Compression::None => Box::new(reader),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(reader)),
+        Compression::Zstd => {
+            let mut d = zstd::stream::read::Decoder::new(reader).context("zstd decoder")?;
+            // Bounded memory: refuse frames needing a window above 16 MiB.
+            d.window_log_max(24).context("zstd decoder")?;
+            Box::new(d)
+        }
+    };
+    let mut archive = tar::Archive::new(decoder);
+    let mut index = LayerIndex::default();
+    let wanted: &[String] = match &job.mode {
+        Mode::Discover(w) => w,
+        Mode::Exact(_) => &[],
+    };
+    let mut cands = match &job.mode {
+        Mode::Discover(w) => candidates(job, &index, w),
+        Mode::Exact(set) => set.clone(),
+    };
+    let entries = archive.entries().context("read tar")?;
+    for entry in entries {
+        let mut entry = entry.context("malformed tar entry")?;
+        let Ok(raw) = std::str::from_utf8(&entry.path_bytes()).map(str::to_string) else {
+            tracing::debug!("skipping a tar entry with a non-UTF-8 name");
+            continue;
+        };
+        let path = normalize(&raw);
+        if path.is_empty() {
+            continue;
+        }
+        if index.add_marker(&path) {
+            continue;
+        }
+        let kind = entry.header().entry_type();
+        let mut relink = false;
+        let node = match kind {
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let size = entry.size();
+                if cands.contains(&path) {
+                    let c = copy_out(job, &path, &mut entry, size)?;
+                    if let Some(old) = captures.insert(path.clone(), c) {
+                        job.temps.remove(&old.tmp);
+                    }
+                } else if let Some(old) = captures.remove(&path) {
+                    // A later duplicate wins: the earlier copy is stale.
+                    job.temps.remove(&old.tmp);
+                }
+                Node::File { size }
+            }
+            tar::EntryType::Directory => Node::Dir,
+            tar::EntryType::Symlink => {
+                relink = true;
+                match entry.link_name_bytes() {
+                    Some(t) => match std::str::from_utf8(&t) {
+                        Ok(t) if !t.is_empty() => Node::Symlink(t.to_string()),
+                        _ => Node::Other("symbolic link with an unusable target"),
+                    },
+                    None => Node::Other("symbolic link without a target"),
+                }
+            }
+            tar::EntryType::Link => {
+                relink = true;
+                match entry.link_name_bytes() {
+                    Some(t) => match std::str::from_utf8(&t) {
+                        Ok(t) if !normalize(t).is_empty() => Node::Hardlink(normalize(t)),
+                        _ => Node::Other("hard link with an unusable target"),
+                    },
+                    None => Node::Other("hard link without a target"),
+                }
+            }
+            tar::EntryType::Char => Node::Other("character device"),
+            tar::EntryType::Block => Node::Other("block device"),
+            tar::EntryType::Fifo => Node::Other("fifo"),
+            tar::EntryType::GNUSparse => Node::Other("sparse file"),
+            tar::EntryType::XGlobalHeader
+            | tar::EntryType::XHeader
+            | tar::EntryType::GNULongName
+            | tar::EntryType::GNULongLink => continue,
+            _ => Node::Other("unsupported tar entry"),
+        };
+        if !matches!(node, Node::File { .. })
+            && let Some(old) = captures.remove(&path)
+        {
+            job.temps.remove(&old.tmp);
+        }
+        index.add(path, node);
+        if relink && matches!(job.mode, Mode::Discover(_)) {
+            cands = candidates(job, &index, wanted);
+        }
+    }
+    // Drain the decompressor so the whole stream is consumed.
+    let mut rest = archive.into_inner();
+    let _ = std::io::copy(&mut rest, &mut std::io::sink());
+    Ok(index)
+}

@@ -1,0 +1,395 @@
+//! Fetch named files out of an image: resolve, stream layers top first, verify, write.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use anyhow::{Context, Result, bail};
+use cap_std::fs::Dir;
+use sha2::Digest;
+
+use crate::extract::layer::{self, Capture, Compression, LayerJob, Mode, TMP_PREFIX, TempFiles};
+use crate::extract::{LayerIndex, Resolution, View, check_wanted_path};
+use crate::source::registries_conf::{Endpoint, RegistriesConf};
+use crate::source::registry::RegistryClient;
+use crate::source::{BlobReader, Descriptor, ImageRef, RegistryOptions, ResolvedImage, layout};
+
+/// One file to take out of the image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// Absolute, normalised path inside the image.
+    pub path: String,
+    /// File name to write in the destination directory (no `/`).
+    pub dest_name: String,
+}
+
+/// One file written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedFile {
+    /// Path inside the image, as asked.
+    pub path: String,
+    /// Name written in the destination directory.
+    pub dest_name: String,
+    /// sha256 of the content (64 lowercase hex).
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// What a fetch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchReport {
+    /// Digest of the platform manifest used (`sha256:…`).
+    pub manifest_digest: String,
+    /// Where the image came from (registry endpoint or layout).
+    pub origin: String,
+    /// The files, in the order asked.
+    pub files: Vec<FetchedFile>,
+    /// Digests of the layer blobs read (a layer read twice appears twice).
+    pub layers_read: Vec<String>,
+    /// Number of layers in the image.
+    pub layer_count: usize,
+}
+
+enum Source {
+    Registry(Box<RegistryClient>),
+    Layout(std::path::PathBuf),
+}
+
+impl Source {
+    async fn open_blob(&self, desc: &Descriptor) -> Result<BlobReader> {
+        Ok(match self {
+            Source::Registry(c) => BlobReader::Registry(Box::new(c.open_blob(desc))),
+            Source::Layout(root) => BlobReader::Layout(layout::LayoutBlob::open(root, desc).await?),
+        })
+    }
+}
+
+fn check_dest_name(n: &str) -> Result<()> {
+    if n.is_empty() || n == "." || n == ".." || n.contains('/') || n.contains('\0') || n.starts_with(TMP_PREFIX) {
+        bail!("invalid destination file name {n:?}");
+    }
+    Ok(())
+}
+
+fn endpoints(opts: &RegistryOptions, image: &ImageRef) -> Result<Vec<Endpoint>> {
+    let ImageRef::Registry { registry, repository, digest, .. } = image else {
+        return Ok(Vec::new());
+    };
+    let conf = RegistriesConf::load(opts.registries_conf.as_deref())?;
+    conf.endpoints(registry, repository, digest.is_some(), &opts.insecure_registries)
+}
+
+fn certs(opts: &RegistryOptions) -> Result<Vec<Vec<u8>>> {
+    match &opts.cert_dir {
+        Some(d) => crate::source::tls::load_cert_dir(d),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Tries each endpoint (mirrors first); returns the first success or the primary's error.
+async fn over_endpoints<T, F, Fut>(opts: &RegistryOptions, image: &ImageRef, mut f: F) -> Result<T>
+where
+    F: FnMut(Source, ResolvedImage) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    match image {
+        ImageRef::Layout { path, tag } => {
+            let resolved = layout::resolve(path, tag.as_deref(), &opts.platform).await?;
+            f(Source::Layout(path.clone()), resolved).await
+        }
+        ImageRef::Registry { tag, digest, .. } => {
+            let certs = certs(opts)?;
+            let mut mirror_errors = Vec::new();
+            for ep in endpoints(opts, image)? {
+                let attempt = async {
+                    let client = RegistryClient::connect(opts, &ep, &certs).await?;
+                    let resolved = client.resolve(tag.as_deref(), digest.as_deref()).await?;
+                    f(Source::Registry(Box::new(client)), resolved).await
+                }
+                .await;
+                match attempt {
+                    Ok(v) => return Ok(v),
+                    Err(e) if ep.mirror => {
+                        tracing::warn!("mirror {} failed, trying the next source: {e:#}", ep.host);
+                        mirror_errors.push(format!("mirror {}: {e:#}", ep.host));
+                    }
+                    Err(e) => {
+                        if mirror_errors.is_empty() {
+                            return Err(e);
+                        }
+                        return Err(e.context(format!("every source failed ({})", mirror_errors.join("; "))));
+                    }
+                }
+            }
+            bail!("no registry endpoint for {image}")
+        }
+    }
+}
+
+/// Resolves an image to its platform manifest digest (`sha256:…`) without reading layers.
+pub async fn resolve_digest(opts: &RegistryOptions, image: &ImageRef) -> Result<String> {
+    over_endpoints(opts, image, |_, r| async move { Ok(r.manifest_digest) })
+        .await
+        .with_context(|| format!("resolve {image}"))
+}
+
+/// Fetches the wanted files of `image` into `dest` (temporary name, fsync, rename; mode 0644).
+pub async fn fetch_files(
+    opts: &RegistryOptions,
+    image: &ImageRef,
+    wanted: &[Wanted],
+    dest: &Dir,
+) -> Result<FetchReport> {
+    if wanted.is_empty() {
+        bail!("nothing to fetch: no in-image path given");
+    }
+    let mut paths = Vec::new();
+    for w in wanted {
+        paths.push(check_wanted_path(&w.path)?);
+        check_dest_name(&w.dest_name)?;
+    }
+    let mut names = HashSet::new();
+    for w in wanted {
+        if !names.insert(&w.dest_name) {
+            bail!("destination file name {:?} given twice", w.dest_name);
+        }
+    }
+    over_endpoints(opts, image, |source, resolved| {
+        let paths = paths.clone();
+        async move {
+            let temps = TempFiles::new(dest.try_clone().context("duplicate destination handle")?);
+            let res = extract(opts, &source, &resolved, &paths, wanted, &temps).await;
+            temps.cleanup();
+            res
+        }
+    })
+    .await
+    .with_context(|| format!("fetch from {image}"))
+}
+
+async fn read_layer(
+    opts: &RegistryOptions,
+    source: &Source,
+    desc: &Descriptor,
+    number: usize,
+    upper: Vec<Arc<LayerIndex>>,
+    mode: Mode,
+    temps: &TempFiles,
+    total: &Arc<AtomicU64>,
+) -> Result<layer::LayerOutput> {
+    let compression =
+        Compression::from_media_type(&desc.media_type).with_context(|| format!("layer {}", desc.digest))?;
+    if desc.size > opts.limits.max_blob_size {
+        bail!("layer {} is {} bytes, more than the {} byte limit", desc.digest, desc.size, opts.limits.max_blob_size);
+    }
+    let mut blob = source.open_blob(desc).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+    let job = LayerJob {
+        number,
+        digest: desc.digest.clone(),
+        compression,
+        upper,
+        mode,
+        temps: temps.clone(),
+        max_file_size: opts.limits.max_file_size,
+        max_total_size: opts.limits.max_total_size,
+        total: total.clone(),
+    };
+    let thread = tokio::task::spawn_blocking(move || layer::run(job, rx));
+    let streamed: Result<()> = async {
+        let mut tx = Some(tx);
+        let mut hasher = sha2::Sha256::new();
+        let mut n = 0u64;
+        while let Some(chunk) = blob.next_chunk().await? {
+            n += chunk.len() as u64;
+            if n > desc.size {
+                bail!("blob is larger than its descriptor says ({} bytes): refused", desc.size);
+            }
+            hasher.update(&chunk);
+            if let Some(t) = &tx
+                && t.send(chunk).await.is_err()
+            {
+                // The walker stopped (error or end of tar): keep hashing to the end.
+                tx = None;
+            }
+        }
+        drop(tx);
+        if n != desc.size {
+            bail!("blob is truncated: {n} of {} bytes", desc.size);
+        }
+        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+        if actual != desc.digest {
+            bail!("blob digest mismatch: content hashes to {actual}");
+        }
+        Ok(())
+    }
+    .await;
+    let walked = thread.await.context("layer walker thread failed")?;
+    match (streamed, walked) {
+        (Err(e), Ok(out)) => {
+            for c in out.captures.values() {
+                temps.remove(&c.tmp);
+            }
+            Err(e)
+        }
+        (Err(e), Err(_)) => Err(e),
+        (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(out)) => Ok(out),
+    }
+    .with_context(|| format!("layer {} ({})", desc.digest, desc.media_type))
+}
+
+async fn extract(
+    opts: &RegistryOptions,
+    source: &Source,
+    resolved: &ResolvedImage,
+    paths: &[String],
+    wanted: &[Wanted],
+    temps: &TempFiles,
+) -> Result<FetchReport> {
+    // Refuse unknown media types before reading anything.
+    for l in &resolved.layers {
+        Compression::from_media_type(&l.media_type).with_context(|| format!("layer {}", l.digest))?;
+    }
+    let n = resolved.layers.len();
+    let top_first: Vec<&Descriptor> = resolved.layers.iter().rev().collect();
+    let total = Arc::new(AtomicU64::new(0));
+    let mut indexes: Vec<Arc<LayerIndex>> = Vec::new();
+    let mut captures: HashMap<(usize, String), Capture> = HashMap::new();
+    let mut layers_read = Vec::new();
+    let mut results: Vec<Resolution> = Vec::new();
+    for (k, desc) in top_first.iter().enumerate() {
+        let out =
+            read_layer(opts, source, desc, k, indexes.clone(), Mode::Discover(paths.to_vec()), temps, &total).await?;
+        layers_read.push(desc.digest.clone());
+        tracing::debug!("layer {k} {}: {} entries", desc.digest, out.index.len());
+        indexes.push(Arc::new(out.index));
+        for (p, c) in out.captures {
+            captures.insert((k, p), c);
+        }
+        let view = View { layers: indexes.iter().map(|a| a.as_ref()).collect(), all_read: k + 1 == n };
+        results = paths.iter().map(|p| view.resolve(p)).collect();
+        if results.iter().all(|r| !matches!(r, Resolution::Unknown { .. })) {
+            break;
+        }
+    }
+    // Every wanted path is decided.
+    let mut missing = Vec::new();
+    let mut targets = Vec::new();
+    for (w, r) in wanted.iter().zip(&results) {
+        match r {
+            Resolution::File { layer, path, .. } => targets.push((*layer, path.clone())),
+            Resolution::Missing(why) => missing.push(format!("{}: {why}", w.path)),
+            Resolution::Unknown { .. } => missing.push(format!("{}: undecided", w.path)),
+        }
+    }
+    if !missing.is_empty() {
+        bail!("{}: not a regular file in the image: {}", resolved.origin, missing.join("; "));
+    }
+    // Second pass over layers whose needed file was not copied in the first pass.
+    let mut reread: HashMap<usize, HashSet<String>> = HashMap::new();
+    for (layer, path) in &targets {
+        if !captures.contains_key(&(*layer, path.clone())) {
+            reread.entry(*layer).or_default().insert(path.clone());
+        }
+    }
+    let mut keys: Vec<usize> = reread.keys().copied().collect();
+    keys.sort();
+    for k in keys {
+        let set = reread.remove(&k).unwrap_or_default();
+        let desc = top_first[k];
+        tracing::debug!("reading layer {} again for {:?}", desc.digest, set);
+        let out = read_layer(opts, source, desc, k, indexes[..k].to_vec(), Mode::Exact(set), temps, &total).await?;
+        layers_read.push(desc.digest.clone());
+        for (p, c) in out.captures {
+            if let Some(old) = captures.insert((k, p), c) {
+                temps.remove(&old.tmp);
+            }
+        }
+    }
+    // Every layer read was verified: hand the files out.
+    let dir = temps.dir();
+    let mut sum = 0u64;
+    let mut files = Vec::new();
+    let mut placed: HashMap<String, String> = HashMap::new(); // tmp -> dest name
+    for (w, (layer, path)) in wanted.iter().zip(&targets) {
+        let c = captures
+            .get(&(*layer, path.clone()))
+            .with_context(|| format!("{}: /{path} was not captured from layer {layer}", w.path))?;
+        sum += c.size;
+        if sum > opts.limits.max_total_size {
+            bail!("the files exceed the total limit of {} bytes", opts.limits.max_total_size);
+        }
+        let tmp = match placed.get(&c.tmp) {
+            None => c.tmp.clone(),
+            Some(first) => copy_within(temps, first, &w.dest_name)?,
+        };
+        set_mode_0644(dir, &tmp)?;
+        dir.rename(&tmp, dir, &w.dest_name)
+            .with_context(|| format!("rename {tmp} to {} in the destination", w.dest_name))?;
+        temps.keep(&tmp);
+        placed.insert(c.tmp.clone(), w.dest_name.clone());
+        files.push(FetchedFile {
+            path: w.path.clone(),
+            dest_name: w.dest_name.clone(),
+            sha256: c.sha256.clone(),
+            size: c.size,
+        });
+    }
+    sync_dir(dir)?;
+    Ok(FetchReport {
+        manifest_digest: resolved.manifest_digest.clone(),
+        origin: resolved.origin.clone(),
+        files,
+        layers_read,
+        layer_count: n,
+    })
+}
+
+fn copy_within(temps: &TempFiles, from: &str, to: &str) -> Result<String> {
+    let dir = temps.dir();
+    let mut src = dir.open(from).with_context(|| format!("reopen {from} in the destination"))?;
+    let (tmp, mut dst) = temps.create()?;
+    std::io::copy(&mut src, &mut dst).with_context(|| format!("copy {from} for {to}"))?;
+    dst.sync_all().with_context(|| format!("fsync {tmp}"))?;
+    Ok(tmp)
+}
+
+fn set_mode_0644(dir: &Dir, name: &str) -> Result<()> {
+    use cap_std::fs::PermissionsExt;
+    dir.set_permissions(name, cap_std::fs::Permissions::from_mode(0o644)).with_context(|| format!("chmod 0644 {name}"))
+}
+
+fn sync_dir(dir: &Dir) -> Result<()> {
+    let d = dir.open(".").context("open destination directory")?;
+    d.sync_all().context("fsync destination directory")
+}
+
+/// `kata-addons fetch`: fetch the paths into `dest` (created if missing) and print
+/// each file with its sha256 and size.
+pub async fn run_fetch(image: &str, paths: &[String], dest: &Path, registry: &crate::cli::RegistryArgs) -> Result<()> {
+    let opts = RegistryOptions::from_args(registry)?;
+    let image = ImageRef::parse(image)?;
+    std::fs::create_dir_all(dest).with_context(|| format!("create {}", dest.display()))?;
+    let dir = Dir::open_ambient_dir(dest, cap_std::ambient_authority())
+        .with_context(|| format!("open {}", dest.display()))?;
+    let mut wanted = Vec::new();
+    let mut seen = HashSet::new();
+    for p in paths {
+        let base = p.rsplit('/').next().unwrap_or_default().to_string();
+        if !seen.insert(base.clone()) {
+            bail!("two paths have the same file name {base:?}; fetch them separately");
+        }
+        wanted.push(Wanted { path: p.clone(), dest_name: base });
+    }
+    let report = fetch_files(&opts, &image, &wanted, &dir).await?;
+    println!("image {image}");
+    println!("manifest {}", report.manifest_digest);
+    println!("layers read {} of {}", report.layers_read.len(), report.layer_count);
+    for f in &report.files {
+        println!("{}  {}  {}  {}", f.sha256, f.size, dest.join(&f.dest_name).display(), f.path);
+    }
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! Local OCI image layouts (`oci:/path[:tag]`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use tokio::io::AsyncReadExt;
+
+use super::manifest::{self, Parsed};
+use super::{Descriptor, MAX_MANIFEST_SIZE, Platform, ResolvedImage, valid_digest};
+
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+const CHUNK: usize = 64 * 1024;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct IndexEntry {
+    #[serde(default)]
+    media_type: String,
+    digest: String,
+    size: i64,
+    #[serde(default)]
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+struct Index {
+    #[serde(default)]
+    manifests: Vec<IndexEntry>,
+}
+
+fn blob_path(root: &Path, digest: &str) -> Result<PathBuf> {
+    if !valid_digest(digest) {
+        bail!("unsupported or malformed digest {digest:?}");
+    }
+    let hex = &digest["sha256:".len()..];
+    Ok(root.join("blobs").join("sha256").join(hex))
+}
+
+async fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>> {
+    let f = tokio::fs::File::open(path).await.with_context(|| format!("open {}", path.display()))?;
+    let mut buf = Vec::new();
+    f.take(cap + 1).read_to_end(&mut buf).await.with_context(|| format!("read {}", path.display()))?;
+    if buf.len() as u64 > cap {
+        bail!("{}: larger than the {cap} byte limit", path.display());
+    }
+    Ok(buf)
+}
+
+async fn read_verified(root: &Path, d: &Descriptor) -> Result<Vec<u8>> {
+    if d.size > MAX_MANIFEST_SIZE {
+        bail!("manifest {} is {} bytes, more than the {MAX_MANIFEST_SIZE} byte limit", d.digest, d.size);
+    }
+    let body = read_capped(&blob_path(root, &d.digest)?, MAX_MANIFEST_SIZE).await?;
+    let actual = manifest::sha256_digest(&body);
+    if actual != d.digest {
+        bail!("manifest blob {} has digest {actual}: corrupt layout", d.digest);
+    }
+    if body.len() as u64 != d.size {
+        bail!("manifest blob {} is {} bytes, descriptor says {}", d.digest, body.len(), d.size);
+    }
+    Ok(body)
+}
+
+/// Resolves a layout reference to a platform manifest.
+pub async fn resolve(root: &Path, tag: Option<&str>, platform: &Platform) -> Result<ResolvedImage> {
+    let origin = format!("OCI layout {}", root.display());
+    let index_path = root.join("index.json");
+    let body = read_capped(&index_path, MAX_MANIFEST_SIZE)
+        .await
+        .with_context(|| format!("{origin}: not an OCI image layout"))?;
+    let index: Index =
+        serde_json::from_slice(&body).with_context(|| format!("{origin}: index.json is not a valid image index"))?;
+    let name = |e: &IndexEntry| e.annotations.as_ref().and_then(|a| a.get(REF_NAME)).cloned();
+    let entry = match tag {
+        Some(t) => index.manifests.iter().rev().find(|e| name(e).as_deref() == Some(t)).with_context(|| {
+            let tags: Vec<String> = index.manifests.iter().filter_map(name).collect();
+            format!("{origin}: no image tagged {t:?} (tags: {})", tags.join(", "))
+        })?,
+        None => match index.manifests.as_slice() {
+            [one] => one,
+            [] => bail!("{origin}: index.json lists no images"),
+            many => {
+                let tags: Vec<String> = many.iter().filter_map(name).collect();
+                bail!(
+                    "{origin}: index.json lists {} images; name one with oci:PATH:TAG (tags: {})",
+                    many.len(),
+                    tags.join(", ")
+                )
+            }
+        },
+    };
+    let mut desc = Descriptor {
+        media_type: entry.media_type.clone(),
+        digest: entry.digest.clone(),
+        size: u64::try_from(entry.size).context("negative size in index.json")?,
+    };
+    for _ in 0..4 {
+        let body = read_verified(root, &desc).await.with_context(|| format!("{origin}: manifest {}", desc.digest))?;
+        match manifest::parse(&body, Some(&desc.media_type), platform, &origin)? {
+            Parsed::Index(d) => desc = d,
+            Parsed::Manifest(layers) => {
+                return Ok(ResolvedImage { manifest_digest: desc.digest, layers, origin });
+            }
+        }
+    }
+    bail!("{origin}: image indexes nested too deeply")
+}
+
+/// A layer blob read from a layout directory.
+pub struct LayoutBlob {
+    file: tokio::fs::File,
+}
+
+impl LayoutBlob {
+    /// Opens the blob for `desc` under the layout `root`.
+    pub async fn open(root: &Path, desc: &Descriptor) -> Result<Self> {
+        let path = blob_path(root, &desc.digest)?;
+        let file = tokio::fs::File::open(&path).await.with_context(|| format!("open layer blob {}", path.display()))?;
+        Ok(LayoutBlob { file })
+    }
+
+    /// Reads the next chunk.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        let mut buf = BytesMut::zeroed(CHUNK);
+        let n = self.file.read(&mut buf).await.context("read layer blob")?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.truncate(n);
+        Ok(Some(buf.freeze()))
+    }
+}

@@ -1,0 +1,435 @@
+//! Registry access through `oci-client`: auth up front, manifests with a size cap,
+//! layer blobs streamed with resume on transient failures.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use oci_client::client::{BlobResponse, Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
+use oci_client::manifest::OciDescriptor;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Reference, RegistryOperation};
+
+use super::auth::Credentials;
+use super::manifest::{self, Parsed};
+use super::registries_conf::Endpoint;
+use super::{Descriptor, MAX_MANIFEST_SIZE, RegistryOptions, ResolvedImage};
+
+/// Whether a failure is worth retrying.
+#[derive(Debug)]
+pub enum Failure {
+    /// Connection error, timeout, 5xx, 429.
+    Transient(anyhow::Error),
+    /// Anything else.
+    Fatal(anyhow::Error),
+}
+
+impl Failure {
+    fn into_inner(self) -> anyhow::Error {
+        match self {
+            Failure::Transient(e) | Failure::Fatal(e) => e,
+        }
+    }
+}
+
+fn classify_reqwest(e: reqwest::Error) -> Failure {
+    if e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() || e.is_decode() {
+        Failure::Transient(anyhow::Error::new(e))
+    } else {
+        Failure::Fatal(anyhow::Error::new(e))
+    }
+}
+
+fn classify_oci(e: OciDistributionError) -> Failure {
+    match e {
+        OciDistributionError::RequestError(r) => classify_reqwest(r),
+        OciDistributionError::ServerError { code, .. } if code >= 500 || code == 429 => {
+            Failure::Transient(anyhow::Error::new(e))
+        }
+        OciDistributionError::RegistryError { .. } if format!("{e:?}").contains("Toomanyrequests") => {
+            Failure::Transient(anyhow::Error::new(e))
+        }
+        OciDistributionError::IoError(io) => classify_io(io),
+        other => Failure::Fatal(anyhow::Error::new(other)),
+    }
+}
+
+fn classify_io(e: std::io::Error) -> Failure {
+    let transient = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()).is_some()
+        || matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::TimedOut
+        );
+    if transient { Failure::Transient(anyhow::Error::new(e)) } else { Failure::Fatal(anyhow::Error::new(e)) }
+}
+
+/// Runs `f` with a per-attempt timeout, retrying transient failures with exponential backoff.
+pub async fn with_retry<T, F, Fut>(opts: &RegistryOptions, what: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, Failure>>,
+{
+    let mut delay = opts.backoff;
+    let mut attempt = 1;
+    loop {
+        let res = match tokio::time::timeout(opts.timeout, f()).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::Transient(anyhow!("no response within {} s", opts.timeout.as_secs_f64()))),
+        };
+        match res {
+            Ok(v) => return Ok(v),
+            Err(Failure::Transient(e)) if attempt < opts.attempts => {
+                tracing::warn!("{what}: attempt {attempt} failed, retrying in {delay:?}: {e:#}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+                attempt += 1;
+            }
+            Err(Failure::Transient(e)) => {
+                return Err(e.context(format!("{what}: gave up after {attempt} attempts")));
+            }
+            Err(Failure::Fatal(e)) => return Err(e.context(what.to_string())),
+        }
+    }
+}
+
+/// One registry endpoint (primary or mirror) with authenticated clients.
+pub struct RegistryClient {
+    endpoint: Endpoint,
+    client: oci_client::Client,
+    http: reqwest::Client,
+    reference: Reference,
+    creds: Option<Credentials>,
+    bearer: Option<String>,
+    opts: RegistryOptions,
+}
+
+impl RegistryClient {
+    /// Name for messages: `host/repository`.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.endpoint.host, self.endpoint.repository)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.endpoint.insecure { "http" } else { "https" }
+    }
+
+    fn host(&self) -> &str {
+        self.reference.resolve_registry()
+    }
+
+    /// Builds the clients for `endpoint` and authenticates (pull scope).
+    pub async fn connect(opts: &RegistryOptions, endpoint: &Endpoint, certs: &[Vec<u8>]) -> Result<Self> {
+        let reference = Reference::with_tag(endpoint.host.clone(), endpoint.repository.clone(), "latest".to_string());
+        let resolved_host = reference.resolve_registry().to_string();
+        let protocol = if endpoint.insecure {
+            ClientProtocol::HttpsExcept(vec![resolved_host.clone()])
+        } else {
+            ClientProtocol::Https
+        };
+        let config = ClientConfig {
+            protocol,
+            extra_root_certificates: certs
+                .iter()
+                .map(|d| Certificate { encoding: CertificateEncoding::Der, data: d.clone() })
+                .collect(),
+            read_timeout: Some(opts.timeout),
+            connect_timeout: Some(opts.timeout),
+            platform_resolver: None,
+            ..ClientConfig::default()
+        };
+        let client = oci_client::Client::try_from(config)
+            .with_context(|| format!("registry {}: cannot build HTTP client", endpoint.host))?;
+        let mut http = reqwest::Client::builder()
+            .read_timeout(opts.timeout)
+            .connect_timeout(opts.timeout)
+            .redirect(reqwest::redirect::Policy::limited(5))
+            .user_agent(concat!("kata-addons/", env!("CARGO_PKG_VERSION")));
+        let extra: Vec<reqwest::Certificate> = certs
+            .iter()
+            .map(|d| reqwest::Certificate::from_der(d))
+            .collect::<Result<_, _>>()
+            .context("--cert-dir: invalid certificate")?;
+        if !extra.is_empty() {
+            http = http.tls_certs_merge(extra);
+        }
+        let http = http.build().with_context(|| format!("registry {}: cannot build HTTP client", endpoint.host))?;
+        let creds = super::auth::lookup(opts.auth_file.as_deref(), &endpoint.host, &endpoint.repository)
+            .with_context(|| format!("registry {}: reading credentials", endpoint.host))?;
+        let mut me = RegistryClient {
+            endpoint: endpoint.clone(),
+            client,
+            http,
+            reference,
+            creds,
+            bearer: None,
+            opts: opts.clone(),
+        };
+        me.authenticate().await?;
+        Ok(me)
+    }
+
+    async fn authenticate(&mut self) -> Result<()> {
+        let auth = match &self.creds {
+            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+            None => RegistryAuth::Anonymous,
+        };
+        let who = match &self.creds {
+            Some(c) => format!("user {:?} from {}", c.username, c.source),
+            None => "anonymous access (no credentials found)".to_string(),
+        };
+        let name = self.name();
+        let what = format!("registry {name}: authentication");
+        let token = with_retry(&self.opts, &what, || async {
+            match self.client.auth(&self.reference, &auth, RegistryOperation::Pull).await {
+                Ok(t) => Ok(t),
+                Err(OciDistributionError::AuthenticationFailure(reason)) => {
+                    Err(Failure::Fatal(anyhow!("authentication failed for {who}: {}", reason.trim())))
+                }
+                Err(e) => Err(classify_oci(e)),
+            }
+        })
+        .await?;
+        self.bearer = token;
+        if self.bearer.is_none() {
+            // Basic auth (or none): oci-client does not check the password; ask /v2/.
+            let url = format!("{}://{}/v2/", self.scheme(), self.host());
+            let status = with_retry(&self.opts, &what, || async {
+                let resp = self.authorize(self.http.get(&url)).send().await.map_err(classify_reqwest)?;
+                let status = resp.status();
+                if status.is_server_error() || status.as_u16() == 429 {
+                    return Err(Failure::Transient(anyhow!("{url}: HTTP {status}")));
+                }
+                Ok(status)
+            })
+            .await?;
+            if status.as_u16() == 401 {
+                bail!(
+                    "registry {name}: authentication failed for {who}: the registry refused the credentials (HTTP 401)"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn authorize(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match (&self.bearer, &self.creds) {
+            (Some(t), _) => rb.bearer_auth(t),
+            (None, Some(c)) => rb.basic_auth(&c.username, Some(&c.password)),
+            (None, None) => rb,
+        }
+    }
+
+    /// Fetches one manifest (by tag or digest), capped and digest-checked.
+    async fn fetch_manifest(&self, reference: &str, expect: Option<&str>) -> Result<(Vec<u8>, String, Option<String>)> {
+        let url = format!("{}://{}/v2/{}/manifests/{reference}", self.scheme(), self.host(), self.endpoint.repository);
+        let name = self.name();
+        let what = format!("registry {name}: manifest {reference}");
+        let (body, content_type, header_digest) = with_retry(&self.opts, &what, || async {
+            let resp = self
+                .authorize(self.http.get(&url))
+                .header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "))
+                .send()
+                .await
+                .map_err(classify_reqwest)?;
+            let status = resp.status();
+            if status.is_server_error() || status.as_u16() == 429 {
+                return Err(Failure::Transient(anyhow!("HTTP {status}")));
+            }
+            match status.as_u16() {
+                200 => {}
+                401 => {
+                    let who = match &self.creds {
+                        Some(c) => format!("authentication failed for user {:?} from {}", c.username, c.source),
+                        None => "authentication required and no credentials found".to_string(),
+                    };
+                    return Err(Failure::Fatal(anyhow!("{who} (HTTP 401)")));
+                }
+                403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
+                404 => return Err(Failure::Fatal(anyhow!("manifest unknown (HTTP 404)"))),
+                _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
+            }
+            if let Some(len) = resp.content_length()
+                && len > MAX_MANIFEST_SIZE
+            {
+                return Err(Failure::Fatal(anyhow!(
+                    "manifest is {len} bytes, more than the {MAX_MANIFEST_SIZE} byte limit"
+                )));
+            }
+            let ct =
+                resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let hd = resp.headers().get("docker-content-digest").and_then(|v| v.to_str().ok()).map(str::to_string);
+            let mut body = Vec::new();
+            let mut stream = resp.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(classify_reqwest)?;
+                if body.len() as u64 + chunk.len() as u64 > MAX_MANIFEST_SIZE {
+                    return Err(Failure::Fatal(anyhow!("manifest is larger than the {MAX_MANIFEST_SIZE} byte limit")));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok((body, ct, hd))
+        })
+        .await?;
+        let digest = manifest::sha256_digest(&body);
+        if let Some(want) = expect
+            && want != digest
+        {
+            bail!("registry {name}: manifest digest mismatch: pinned {want}, received content hashes to {digest}");
+        }
+        if let Some(h) = &header_digest
+            && h.starts_with("sha256:")
+            && *h != digest
+        {
+            bail!(
+                "registry {name}: manifest {reference}: Docker-Content-Digest {h} does not match the content ({digest})"
+            );
+        }
+        Ok((body, digest, content_type))
+    }
+
+    /// Resolves a tag or digest to the platform manifest and its layers.
+    pub async fn resolve(&self, tag: Option<&str>, digest: Option<&str>) -> Result<ResolvedImage> {
+        let origin = format!("registry {}", self.name());
+        let first = digest.or(tag).unwrap_or("latest").to_string();
+        let (mut body, mut dgst, mut ct) = self.fetch_manifest(&first, digest).await?;
+        for _ in 0..4 {
+            let what = format!("{origin} ({first})");
+            match manifest::parse(&body, ct.as_deref(), &self.opts.platform, &what)? {
+                Parsed::Manifest(layers) => {
+                    return Ok(ResolvedImage { manifest_digest: dgst, layers, origin });
+                }
+                Parsed::Index(d) => {
+                    if d.size > MAX_MANIFEST_SIZE {
+                        bail!("{origin}: manifest {} is {} bytes, more than the limit", d.digest, d.size);
+                    }
+                    (body, dgst, ct) = self.fetch_manifest(&d.digest, Some(&d.digest)).await?;
+                    if body.len() as u64 != d.size {
+                        bail!("{origin}: manifest {} is {} bytes, the index says {}", d.digest, body.len(), d.size);
+                    }
+                }
+            }
+        }
+        bail!("{origin}: image indexes nested too deeply")
+    }
+
+    /// Opens a layer blob for streaming.
+    pub fn open_blob(&self, desc: &Descriptor) -> RegistryBlob {
+        RegistryBlob {
+            client: self.client.clone(),
+            reference: self.reference.clone(),
+            desc: OciDescriptor {
+                media_type: desc.media_type.clone(),
+                digest: desc.digest.clone(),
+                size: i64::try_from(desc.size).unwrap_or(i64::MAX),
+                ..OciDescriptor::default()
+            },
+            name: self.name(),
+            opts: self.opts.clone(),
+            offset: 0,
+            skip: 0,
+            stream: None,
+            failures: 0,
+        }
+    }
+}
+
+/// A layer blob streamed from a registry; reconnects with a `Range` request after
+/// transient failures (the caller's hash covers every byte exactly once).
+pub struct RegistryBlob {
+    client: oci_client::Client,
+    reference: Reference,
+    desc: OciDescriptor,
+    name: String,
+    opts: RegistryOptions,
+    offset: u64,
+    skip: u64,
+    stream: Option<futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>>,
+    failures: u32,
+}
+
+impl RegistryBlob {
+    fn what(&self) -> String {
+        format!("registry {}: blob {}", self.name, self.desc.digest)
+    }
+
+    async fn reopen(&mut self) -> std::result::Result<(), Failure> {
+        let resp = self
+            .client
+            .pull_blob_stream_partial(&self.reference, &self.desc, self.offset, None)
+            .await
+            .map_err(classify_oci)?;
+        match resp {
+            BlobResponse::Partial(s) => {
+                self.skip = 0;
+                self.stream = Some(s.stream);
+            }
+            BlobResponse::Full(s) => {
+                // Range ignored: skip what was already consumed.
+                self.skip = self.offset;
+                self.stream = Some(s.stream);
+            }
+        }
+        Ok(())
+    }
+
+    /// The next chunk of the blob, or `None` at its end.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        loop {
+            let step: std::result::Result<Option<Bytes>, Failure> = async {
+                if self.stream.is_none() {
+                    match tokio::time::timeout(self.opts.timeout, self.reopen()).await {
+                        Ok(r) => r?,
+                        Err(_) => {
+                            return Err(Failure::Transient(anyhow!(
+                                "no response within {} s",
+                                self.opts.timeout.as_secs_f64()
+                            )));
+                        }
+                    }
+                }
+                let Some(stream) = self.stream.as_mut() else {
+                    return Err(Failure::Fatal(anyhow!("internal: no stream")));
+                };
+                match tokio::time::timeout(self.opts.timeout, stream.next()).await {
+                    Err(_) => {
+                        Err(Failure::Transient(anyhow!("stalled: no data for {} s", self.opts.timeout.as_secs_f64())))
+                    }
+                    Ok(None) => Ok(None),
+                    Ok(Some(Err(e))) => Err(classify_io(e)),
+                    Ok(Some(Ok(mut b))) => {
+                        if self.skip > 0 {
+                            let n = (self.skip).min(b.len() as u64) as usize;
+                            self.skip -= n as u64;
+                            b = b.slice(n..);
+                        }
+                        self.offset += b.len() as u64;
+                        Ok(Some(b))
+                    }
+                }
+            }
+            .await;
+            match step {
+                Ok(Some(b)) if b.is_empty() => continue,
+                Ok(r) => return Ok(r),
+                Err(Failure::Transient(e)) if self.failures + 1 < self.opts.attempts => {
+                    self.failures += 1;
+                    let delay = (self.opts.backoff * 2u32.pow(self.failures - 1)).min(Duration::from_secs(10));
+                    tracing::warn!("{}: failed at byte {}, retrying in {delay:?}: {e:#}", self.what(), self.offset);
+                    self.stream = None;
+                    tokio::time::sleep(delay).await;
+                }
+                Err(f) => {
+                    let e = f.into_inner();
+                    return Err(e.context(format!("{} (at byte {})", self.what(), self.offset)));
+                }
+            }
+        }
+    }
+}
