@@ -314,6 +314,5 @@ pub fn index(entries: &[(&str, &str, Option<&str>, &Image)]) -> Vec<u8> {
             json!({"mediaType": media::MANIFEST, "digest": img.digest(), "size": img.manifest().len(), "platform": p})
         })
         .collect();
-    serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": media::INDEX, "manifests": manifests}))
-        .expect("json")
+    serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": media::INDEX, "manifests": manifests})).expect("json")
 }
