@@ -169,6 +169,7 @@ pub async fn fetch_files(
     .with_context(|| format!("fetch from {image}"))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn read_layer(
     opts: &RegistryOptions,
     source: &Source,

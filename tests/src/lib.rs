@@ -1,1 +1,68 @@
-//! Shared helpers for the integration tests live in the test files.
+//! Shared helpers for the integration tests:
+//!
+//! - [`image`]: build layers (tar + gzip/zstd/none), configs, manifests and indexes;
+//! - [`registry`]: a real `docker-registry` on 127.0.0.1 (free port, temp storage,
+//!   optional htpasswd and TLS), stopped on drop; images are stored by writing the
+//!   registry's filesystem storage directly, so tests can also store broken content;
+//! - [`proxy`]: a fault-injecting HTTP proxy (503s, cut connections, stalls) with a request log;
+//! - [`tls`]: a test CA and server certificate made with the `openssl` command;
+//! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
+
+pub mod image;
+pub mod proxy;
+pub mod registry;
+pub mod tls;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Path of the `kata-addons` binary built for this test run.
+pub fn kata_addons_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("KATA_ADDONS_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/debug/deps/<test exe> -> target/debug/kata-addons
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(deps) = exe.parent()
+        && let Some(debug) = deps.parent()
+    {
+        let p = debug.join("kata-addons");
+        if p.exists() {
+            return p;
+        }
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
+    target.join("debug").join("kata-addons")
+}
+
+/// Runs `kata-addons` with `args` and an environment without the user's auth files.
+pub fn run_kata(args: &[&str]) -> Output {
+    let home = tempfile::tempdir().expect("temp HOME");
+    let out = Command::new(kata_addons_bin())
+        .args(args)
+        .env("HOME", home.path())
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .expect("run kata-addons");
+    drop(home);
+    out
+}
+
+/// stdout and stderr of an output, for assertion messages.
+pub fn show(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// sha256 hex of bytes.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}

@@ -146,7 +146,7 @@ impl RegistriesConf {
         let wildcard = e.prefix.as_deref().is_some_and(|p| p.starts_with("*."));
         let rest = name[len..].trim_start_matches('/');
         let mut out = Vec::new();
-        if !(e.mirror_by_digest_only && !by_digest) {
+        if !e.mirror_by_digest_only || by_digest {
             for m in &e.mirror {
                 let (host, base) = split_location(&m.location);
                 let repository = if wildcard { repository.to_string() } else { join_repo(&base, rest) };

@@ -35,7 +35,12 @@ impl Failure {
     }
 }
 
+const TIMED_OUT: &str = "timed out: no response or progress from the registry";
+
 fn classify_reqwest(e: reqwest::Error) -> Failure {
+    if e.is_timeout() {
+        return Failure::Transient(anyhow::Error::new(e).context(TIMED_OUT));
+    }
     if e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() || e.is_decode() {
         Failure::Transient(anyhow::Error::new(e))
     } else {
@@ -58,6 +63,11 @@ fn classify_oci(e: OciDistributionError) -> Failure {
 }
 
 fn classify_io(e: std::io::Error) -> Failure {
+    if let Some(r) = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>())
+        && r.is_timeout()
+    {
+        return Failure::Transient(anyhow::Error::new(e).context(TIMED_OUT));
+    }
     let transient = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()).is_some()
         || matches!(
             e.kind(),
@@ -81,7 +91,9 @@ where
     loop {
         let res = match tokio::time::timeout(opts.timeout, f()).await {
             Ok(r) => r,
-            Err(_) => Err(Failure::Transient(anyhow!("no response within {} s", opts.timeout.as_secs_f64()))),
+            Err(_) => {
+                Err(Failure::Transient(anyhow!("timed out: no response within {} s", opts.timeout.as_secs_f64())))
+            }
         };
         match res {
             Ok(v) => return Ok(v),
@@ -388,7 +400,7 @@ impl RegistryBlob {
                         Ok(r) => r?,
                         Err(_) => {
                             return Err(Failure::Transient(anyhow!(
-                                "no response within {} s",
+                                "timed out: no response within {} s",
                                 self.opts.timeout.as_secs_f64()
                             )));
                         }
@@ -398,9 +410,10 @@ impl RegistryBlob {
                     return Err(Failure::Fatal(anyhow!("internal: no stream")));
                 };
                 match tokio::time::timeout(self.opts.timeout, stream.next()).await {
-                    Err(_) => {
-                        Err(Failure::Transient(anyhow!("stalled: no data for {} s", self.opts.timeout.as_secs_f64())))
-                    }
+                    Err(_) => Err(Failure::Transient(anyhow!(
+                        "timed out: stalled, no data for {} s",
+                        self.opts.timeout.as_secs_f64()
+                    ))),
                     Ok(None) => Ok(None),
                     Ok(Some(Err(e))) => Err(classify_io(e)),
                     Ok(Some(Ok(mut b))) => {
