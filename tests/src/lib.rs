@@ -9,6 +9,7 @@
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
 
 pub mod image;
+pub mod node;
 pub mod proxy;
 pub mod registry;
 pub mod tls;

@@ -1,0 +1,208 @@
+//! `kata-addons daemon`: installs, reports readiness, follows ConfigMap changes mounted as
+//! a directory (Kubernetes' `..data` symlink swap), keeps the last good addon on a bad
+//! change, exits 0 on SIGTERM with the install kept, and fails fast instead of hanging.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kata_addons_tests::node::{Node, layout_with, noise};
+use kata_addons_tests::{kata_addons_bin, sha256_hex, show};
+
+/// Writes a ConfigMap volume the way the kubelet does: data in a timestamped directory,
+/// `..data` pointing at it, one symlink per key; updates swap `..data` atomically.
+struct ConfigMapDir {
+    dir: tempfile::TempDir,
+    generation: u32,
+}
+
+impl ConfigMapDir {
+    fn new(data: &[(&str, &str)]) -> Self {
+        let mut c = ConfigMapDir { dir: tempfile::tempdir().expect("cm dir"), generation: 0 };
+        c.update(data);
+        c
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn update(&mut self, data: &[(&str, &str)]) {
+        self.generation += 1;
+        let gen_dir = format!("..2026_11_29_00_00_{:02}.{}", self.generation, self.generation);
+        let full = self.path().join(&gen_dir);
+        std::fs::create_dir(&full).expect("mkdir gen");
+        for (k, v) in data {
+            std::fs::write(full.join(k), v).expect("write key");
+        }
+        let tmp = self.path().join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&gen_dir, &tmp).expect("symlink");
+        std::fs::rename(&tmp, self.path().join("..data")).expect("swap ..data");
+        for (k, _) in data {
+            let link = self.path().join(k);
+            if std::fs::symlink_metadata(&link).is_err() {
+                std::os::unix::fs::symlink(format!("..data/{k}"), &link).expect("key symlink");
+            }
+        }
+        // Keys that disappeared: the kubelet removes their symlinks.
+        for e in std::fs::read_dir(self.path()).expect("ls").flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && !data.iter().any(|(k, _)| *k == name) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(node: &Node, cm: &Path, ready: &Path, log: PathBuf) -> Daemon {
+        let logf = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(kata_addons_bin())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .args(["daemon", "--poll-interval", "0.2", "--root"])
+            .arg(node.root())
+            .arg("--configmap-dir")
+            .arg(cm)
+            .arg("--ready-file")
+            .arg(ready)
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .spawn()
+            .expect("spawn daemon");
+        Daemon { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}; daemon log:\n{}", log());
+}
+
+fn kernel_sha(node: &Node) -> Option<String> {
+    let k = node.qemu_key("se", "kernel")?;
+    std::fs::read(node.path(&k)).ok().map(|d| sha256_hex(&d))
+}
+
+#[test]
+fn daemon_installs_follows_changes_keeps_last_good_and_exits_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let k1 = noise(200_000, 21);
+    let k2 = noise(200_000, 22);
+    layout_with(&dir.path().join("l1"), "d1", &[("vmlinuz", &k1)]);
+    layout_with(&dir.path().join("l2"), "d2", &[("vmlinuz", &k2)]);
+    let img1 = format!("oci:{}:d1", dir.path().join("l1").display());
+    let img2 = format!("oci:{}:d2", dir.path().join("l2").display());
+    let node = Node::new();
+    let mut cm = ConfigMapDir::new(&[("addonImage", &img1), ("kernelPath", "/vmlinuz")]);
+    let ready = dir.path().join("ready");
+    let d = Daemon::start(&node, cm.path(), &ready, dir.path().join("daemon.log"));
+
+    wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
+    assert_eq!(kernel_sha(&node), Some(sha256_hex(&k1)));
+
+    // A ConfigMap change is applied.
+    cm.update(&[("addonImage", &img2), ("kernelPath", "/vmlinuz")]);
+    wait_for("the upgrade", Duration::from_secs(30), || kernel_sha(&node) == Some(sha256_hex(&k2)), || d.log());
+
+    // A bad change is logged and the node keeps the last good addon.
+    cm.update(&[("addonImage", &img1), ("kernelPath", "/vmlinuz"), ("provider", "sev")]);
+    wait_for("the error log", Duration::from_secs(30), || d.log().contains("keeps the last good addon"), || d.log());
+    assert!(d.log().contains("provider"), "the log names the key: {}", d.log());
+    assert_eq!(kernel_sha(&node), Some(sha256_hex(&k2)));
+
+    // SIGTERM: exit 0, install kept.
+    let mut d = d;
+    let pid = d.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
+    let start = Instant::now();
+    let code = loop {
+        if let Some(s) = d.child.try_wait().expect("try_wait") {
+            break s.code();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "daemon did not exit on SIGTERM: {}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(0), "{}", d.log());
+    assert_eq!(kernel_sha(&node), Some(sha256_hex(&k2)));
+    let st = Command::new(kata_addons_bin()).args(["status", "--root"]).arg(node.root()).output().expect("status");
+    assert_eq!(st.status.code(), Some(0), "{}", show(&st));
+}
+
+#[test]
+fn daemon_uninstall_then_ready() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let k = noise(100_000, 23);
+    layout_with(&dir.path().join("l"), "u1", &[("vmlinuz", &k)]);
+    let node = Node::new();
+    let o = Command::new(kata_addons_bin())
+        .env_clear()
+        .env("ADDON_IMAGE", format!("oci:{}:u1", dir.path().join("l").display()))
+        .env("ADDON_KERNEL_PATH", "/vmlinuz")
+        .args(["install", "--root"])
+        .arg(node.root())
+        .output()
+        .expect("install");
+    assert!(o.status.success(), "{}", show(&o));
+    let ready = dir.path().join("ready");
+    let mut child = Command::new(kata_addons_bin())
+        .env_clear()
+        .env("ADDON_ACTION", "uninstall")
+        .args(["daemon", "--root"])
+        .arg(node.root())
+        .arg("--ready-file")
+        .arg(&ready)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    wait_for("readiness", Duration::from_secs(30), || ready.exists(), String::new);
+    assert!(node.config_d_entries("se").is_empty());
+    let st = Command::new(kata_addons_bin()).args(["status", "--root"]).arg(node.root()).output().expect("status");
+    assert_eq!(st.status.code(), Some(3));
+    let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    assert_eq!(child.wait().expect("wait").code(), Some(0));
+}
+
+#[test]
+fn daemon_fails_fast_when_the_install_cannot_succeed() {
+    let node = Node::new();
+    let dir = tempfile::tempdir().expect("tmp");
+    let start = Instant::now();
+    let o = Command::new(kata_addons_bin())
+        .env_clear()
+        .env("ADDON_IMAGE", format!("oci:{}/missing:v1", dir.path().display()))
+        .env("ADDON_KERNEL_PATH", "/vmlinuz")
+        .args(["daemon", "--root"])
+        .arg(node.root())
+        .arg("--ready-file")
+        .arg(dir.path().join("ready"))
+        .output()
+        .expect("daemon");
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(start.elapsed() < Duration::from_secs(30));
+    assert!(!dir.path().join("ready").exists());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing"), "{}", show(&o));
+}
