@@ -1,1 +1,3 @@
-//! Shared helpers for the integration tests live in the test files.
+//! Shared helpers for the integration tests.
+
+pub mod guests;
