@@ -36,7 +36,8 @@ fn built_dir() -> &'static Result<PathBuf, String> {
             .arg(root.join("tests/guests/Cargo.toml"))
             .arg("--target-dir")
             .arg(&target);
-        for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "RUSTC_WRAPPER", "CARGO_TARGET_DIR"]
+        for var in
+            ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "RUSTC_WRAPPER", "CARGO_TARGET_DIR"]
         {
             cmd.env_remove(var);
         }
