@@ -83,7 +83,9 @@ fn calls(c: &mut Criterion) {
     // rules do not; the real rules and the test guests do).
     let (Ok(env), Ok(nenv)) = (policy.env(&wit(&seed())), native::env(&plain(&seed()))) else { return g.finish() };
     if let (Ok(plan), Ok(nplan)) = (policy.plan(&env), native::plan(&nenv)) {
-        g.bench_function("wasm plan (seed): instantiate + call", |b| b.iter(|| black_box(policy.plan(black_box(&env)))));
+        g.bench_function("wasm plan (seed): instantiate + call", |b| {
+            b.iter(|| black_box(policy.plan(black_box(&env))))
+        });
         g.bench_function("native plan (seed)", |b| b.iter(|| black_box(native::plan(black_box(&nenv)))));
         let installed = kata_addons::layout::installed_files(&plan, "v1.0-0123456789ab");
         let ninstalled: Vec<native::InstalledFile> = nplan

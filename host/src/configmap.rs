@@ -83,10 +83,10 @@ pub fn parse_configmap(text: &str) -> Result<Vec<KeyValue>> {
     };
     let is_object = ["apiVersion", "kind", "metadata"].iter().any(|k| map.contains_key(*k));
     let data = if is_object {
-        if let Some(kind) = map.get("kind").and_then(|k| k.as_str()) {
-            if kind != "ConfigMap" {
-                bail!("expected kind ConfigMap, found kind {kind}");
-            }
+        if let Some(kind) = map.get("kind").and_then(|k| k.as_str())
+            && kind != "ConfigMap"
+        {
+            bail!("expected kind ConfigMap, found kind {kind}");
         }
         match map.get("data") {
             Some(serde_norway::Value::Mapping(d)) => d.clone(),

@@ -220,10 +220,10 @@ impl Ticker {
 
     /// Marks a call as running until the guard is dropped.
     fn begin(&self) -> TickGuard<'_> {
-        if self.active.fetch_add(1, Ordering::AcqRel) == 0 {
-            if let Some(t) = &self.thread {
-                t.thread().unpark();
-            }
+        if self.active.fetch_add(1, Ordering::AcqRel) == 0
+            && let Some(t) = &self.thread
+        {
+            t.thread().unpark();
         }
         TickGuard(&self.active)
     }
@@ -675,10 +675,10 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
         if !is_clean_abs_path(&a.source) {
             return Err(bad(f, format!("artifact source {:?} is not a clean absolute path", prefix(&a.source))));
         }
-        if let Some(s) = &a.sha256 {
-            if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-                return Err(bad(f, format!("artifact sha256 {:?} is not 64 lowercase hex", prefix(s))));
-            }
+        if let Some(s) = &a.sha256
+            && (s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        {
+            return Err(bad(f, format!("artifact sha256 {:?} is not 64 lowercase hex", prefix(s))));
         }
     }
     Ok(())
