@@ -48,7 +48,11 @@ impl Guest for Component {
 
     fn plan(env: Vec<KeyValue>) -> Result<Plan, Vec<Violation>> {
         let (Some(image), Some(kernel)) = (get(&env, "ADDON_IMAGE"), get(&env, "ADDON_KERNEL_PATH")) else {
-            return Err(vec![bad("ADDON_IMAGE", ViolationCode::Missing, "ADDON_IMAGE and ADDON_KERNEL_PATH are required")]);
+            return Err(vec![bad(
+                "ADDON_IMAGE",
+                ViolationCode::Missing,
+                "ADDON_IMAGE and ADDON_KERNEL_PATH are required",
+            )]);
         };
         let Some((registry, rest)) = image.split_once('/') else {
             return Err(vec![bad("ADDON_IMAGE", ViolationCode::InvalidReference, "expected registry/repo:tag")]);

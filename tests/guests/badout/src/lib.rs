@@ -25,7 +25,9 @@ impl Guest for Component {
     fn plan(env: Vec<KeyValue>) -> Result<Plan, Vec<Violation>> {
         let mut p = good_plan("/vmlinuz");
         match mode(&env) {
-            "dotdot-drop-in" => p.drop_in_path = "/etc/kata-containers/kata-tdx/config.d/../../../../etc/cron.d/x".into(),
+            "dotdot-drop-in" => {
+                p.drop_in_path = "/etc/kata-containers/kata-tdx/config.d/../../../../etc/cron.d/x".into()
+            }
             "outside-drop-in" => p.drop_in_path = "/etc/cron.d/50-kata-addons.toml".into(),
             "nested-drop-in" => p.drop_in_path = "/etc/kata-containers/kata-tdx/config.d/sub/50.toml".into(),
             "slash-file-name" => p.artifacts[0].file_name = "../../../usr/bin/sudo".into(),
