@@ -5,14 +5,14 @@
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Config, Engine, ModuleVersionStrategy, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -39,6 +39,14 @@ const MAX_VIOLATIONS: usize = 256;
 const MAX_DROP_IN: usize = 64 * 1024;
 /// Most artifacts in a plan.
 const MAX_ARTIFACTS: usize = 8;
+/// Most elements in one table of an instance (each costs a pointer of host memory).
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Largest compiled artifact the cache will read back.
+const MAX_CACHE_ENTRY: u64 = 256 << 20;
+/// First line of a cache entry's checksum file.
+const CACHE_FORMAT: &str = "kata-addons policy cache v1";
+/// Native stack wasm code may use (wasmtime's default, stated explicitly).
+const MAX_WASM_STACK: usize = 512 << 10;
 
 /// Limits and caching for a [`Policy`].
 #[derive(Debug, Clone)]
@@ -129,38 +137,112 @@ pub fn code_name(c: ViolationCode) -> &'static str {
     }
 }
 
-/// Per-call store data: only the resource limits.
+/// Per-call store data: the resource limits, and whether they refused something.
 struct CallState {
     limits: StoreLimits,
+    /// Set when the limiter refused a memory growth (bytes requested).
+    memory_denied: Option<usize>,
+    /// Set when the limiter refused a table growth (elements requested).
+    table_denied: Option<usize>,
 }
 
-/// Advances the engine epoch every [`TICK`] until dropped.
+/// [`StoreLimits`] (with trap on failed grow), plus a record of what was refused, so the
+/// error is classified from facts rather than from wasmtime's message text.
+impl ResourceLimiter for CallState {
+    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let r = self.limits.memory_growing(current, desired, maximum);
+        if !matches!(r, Ok(true)) {
+            self.memory_denied = Some(desired);
+        }
+        r
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.memory_denied.get_or_insert(0);
+        self.limits.memory_grow_failed(error)
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let r = self.limits.table_growing(current, desired, maximum);
+        if !matches!(r, Ok(true)) {
+            self.table_denied = Some(desired);
+        }
+        r
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.table_denied.get_or_insert(0);
+        self.limits.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
+    }
+}
+
+/// Advances the engine epoch every [`TICK`] while at least one call is running; parks
+/// otherwise (an idle runner does not wake up 200 times a second). Stops when dropped.
 struct Ticker {
     stop: Arc<AtomicBool>,
+    active: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Ticker {
     fn start(engine: Engine) -> Result<Ticker> {
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
+        let active = Arc::new(AtomicUsize::new(0));
+        let (flag, busy) = (Arc::clone(&stop), Arc::clone(&active));
         let thread = std::thread::Builder::new()
             .name("policy-epoch".into())
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
+                while !flag.load(Ordering::Acquire) {
+                    if busy.load(Ordering::Acquire) == 0 {
+                        // Woken by `Ticker::begin` (or drop); a wake-up before the park is not lost.
+                        std::thread::park();
+                        continue;
+                    }
                     std::thread::sleep(TICK);
                     engine.increment_epoch();
                 }
             })
             .context("starting the policy epoch ticker thread")?;
-        Ok(Ticker { stop, thread: Some(thread) })
+        Ok(Ticker { stop, active, thread: Some(thread) })
+    }
+
+    /// Marks a call as running until the guard is dropped.
+    fn begin(&self) -> TickGuard<'_> {
+        if self.active.fetch_add(1, Ordering::AcqRel) == 0
+            && let Some(t) = &self.thread
+        {
+            t.thread().unpark();
+        }
+        TickGuard(&self.active)
+    }
+}
+
+/// One running call (see [`Ticker::begin`]).
+struct TickGuard<'a>(&'a AtomicUsize);
+
+impl Drop for TickGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Drop for Ticker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -182,7 +264,7 @@ pub struct Policy {
     options: PolicyOptions,
     sha256: String,
     loaded_from: LoadedFrom,
-    _ticker: Ticker,
+    ticker: Ticker,
 }
 
 impl std::fmt::Debug for Policy {
@@ -211,16 +293,17 @@ impl Policy {
         }
     }
 
-    /// Validates and compiles (or loads from cache) a component from its bytes.
+    /// Validates and compiles (or loads from cache) a component from its bytes. A component
+    /// that imports anything is refused here, before it is cached or instantiated.
     pub fn from_bytes(bytes: &[u8], options: PolicyOptions) -> Result<Policy> {
-        let engine = new_engine()?;
         if Engine::detect_precompiled(bytes).is_some() {
             bail!("this is a precompiled artifact, not a WebAssembly component; pass the .wasm component");
         }
         let sha256 = hex::encode(Sha256::digest(bytes));
-        let (component, loaded_from) = match &options.cache_dir {
+        let engine = new_engine(&sha256)?;
+        let (component, loaded_from, pending) = match &options.cache_dir {
             Some(dir) => load_cached(&engine, bytes, &sha256, dir)?,
-            None => (compile(&engine, bytes)?, LoadedFrom::Compiled),
+            None => (compile(&engine, bytes)?, LoadedFrom::Compiled, None),
         };
         let imports: Vec<String> =
             component.component_type().imports(&engine).map(|(name, _)| name.to_string()).collect();
@@ -237,8 +320,12 @@ impl Policy {
         let pre = bindings::PolicyPre::new(instance_pre)
             .map_err(anyhow::Error::from)
             .context("the component does not export `env`, `plan` and `render` as wit/kata-addons.wit defines them")?;
+        // Only a component that passed every check is written to the cache.
+        if let Some(entry) = pending {
+            entry.store();
+        }
         let ticker = Ticker::start(engine.clone())?;
-        Ok(Policy { engine, pre, options, sha256, loaded_from, _ticker: ticker })
+        Ok(Policy { engine, pre, options, sha256, loaded_from, ticker })
     }
 
     /// sha256 (hex) of the component bytes.
@@ -302,40 +389,43 @@ impl Policy {
     ) -> Result<R, PolicyError> {
         let limits = StoreLimitsBuilder::new()
             .memory_size(self.options.memory_limit)
+            .table_elements(MAX_TABLE_ELEMENTS)
             .trap_on_grow_failure(true)
             .instances(16)
             .memories(4)
             .tables(16)
             .build();
-        let mut store = Store::new(&self.engine, CallState { limits });
-        store.limiter(|s| &mut s.limits);
+        let mut store = Store::new(&self.engine, CallState { limits, memory_denied: None, table_denied: None });
+        store.limiter(|s| s);
         let ticks = self.options.timeout.as_nanos().div_ceil(TICK.as_nanos()).max(1);
+        let _running = self.ticker.begin();
+        // The deadline also covers instantiation (a component may run start functions).
         store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
         store.epoch_deadline_trap();
         let result = self.pre.instantiate(&mut store).and_then(|instance| f(&instance, &mut store));
-        result.map_err(|e| self.classify(func, e))
+        result.map_err(|e| self.classify(func, e, store.data()))
     }
 
-    fn classify(&self, func: &'static str, e: wasmtime::Error) -> PolicyError {
-        match e.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => PolicyError::Timeout { func, limit: self.options.timeout },
-            Some(Trap::AllocationTooLarge) => PolicyError::Memory { func, limit: self.options.memory_limit >> 20 },
-            _ => {
-                let text = format!("{e:?}");
-                if text.contains("forcing a memory growth failure") || text.contains("memory minimum size") {
-                    PolicyError::Memory { func, limit: self.options.memory_limit >> 20 }
-                } else {
-                    let detail = match e.downcast_ref::<Trap>() {
-                        Some(Trap::UnreachableCodeReached) => {
-                            "the guest aborted (a panic or `unreachable`; wasm `unreachable` instruction executed)"
-                                .into()
-                        }
-                        _ => format!("{e:#}"),
-                    };
-                    PolicyError::Trap { func, detail }
-                }
-            }
+    fn classify(&self, func: &'static str, e: wasmtime::Error, state: &CallState) -> PolicyError {
+        let trap = e.downcast_ref::<Trap>().copied();
+        if trap == Some(Trap::Interrupt) {
+            return PolicyError::Timeout { func, limit: self.options.timeout };
         }
+        if state.memory_denied.is_some() || trap == Some(Trap::AllocationTooLarge) {
+            return PolicyError::Memory { func, limit: self.options.memory_limit >> 20 };
+        }
+        let detail = match trap {
+            Some(Trap::UnreachableCodeReached) => {
+                "the guest aborted (a panic or `unreachable`: wasm `unreachable` instruction executed)".to_string()
+            }
+            Some(Trap::StackOverflow) => "stack overflow (unbounded recursion in the guest)".to_string(),
+            _ if state.table_denied.is_some() => {
+                format!("a table grew past {MAX_TABLE_ELEMENTS} elements ({e})")
+            }
+            // Other traps (out-of-bounds access, bad canonical-ABI data, ...): wasmtime's own text.
+            _ => format!("{e:#}"),
+        };
+        PolicyError::Trap { func, detail }
     }
 }
 
@@ -351,11 +441,20 @@ fn prefix(s: &str) -> &str {
     &s[..end]
 }
 
-/// The engine: component model, epoch interruption, nothing else.
-fn new_engine() -> Result<Engine> {
+/// The engine: component model and epoch interruption; no 64-bit memories (and no threads).
+/// The compiled-artifact version string names the component (`kata-addons:<sha256>`), so
+/// wasmtime itself refuses to load a cache entry compiled from any other component.
+fn new_engine(component_sha256: &str) -> Result<Engine> {
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
+    // Threads and shared memories: the `threads` cargo feature of wasmtime is not compiled in.
+    config.wasm_memory64(false);
+    config.max_wasm_stack(MAX_WASM_STACK);
+    config
+        .module_version(ModuleVersionStrategy::Custom(format!("kata-addons:{component_sha256}")))
+        .map_err(anyhow::Error::from)
+        .context("configuring the wasmtime engine")?;
     Engine::new(&config).map_err(anyhow::Error::from).context("creating the wasmtime engine")
 }
 
@@ -363,33 +462,88 @@ fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component> {
     Component::new(engine, bytes).map_err(anyhow::Error::from).context("compiling the policy component")
 }
 
-/// Cache key: component sha256 + engine compatibility hash.
-fn cache_key(engine: &Engine, sha256: &str) -> String {
+/// The engine compatibility hash, as 16 hex digits.
+fn engine_hash(engine: &Engine) -> String {
     let mut h = std::hash::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
-    format!("{sha256}-{:016x}", h.finish())
+    format!("{:016x}", h.finish())
 }
 
-/// Loads a precompiled component from `dir` if a verified entry exists, else compiles
-/// and stores one. A cache that cannot be written is not an error.
-fn load_cached(engine: &Engine, bytes: &[u8], sha256: &str, dir: &Path) -> Result<(Component, LoadedFrom)> {
-    let key = cache_key(engine, sha256);
+/// The checksum file of a cache entry: format line, what the entry was compiled from and
+/// for, and the sha256 of the compiled bytes. All four must match before the entry is used.
+fn cache_manifest(component_sha256: &str, engine_hash: &str, cwasm_sha256: &str) -> String {
+    format!("{CACHE_FORMAT}\ncomponent-sha256 {component_sha256}\nengine {engine_hash}\ncwasm-sha256 {cwasm_sha256}\n")
+}
+
+/// A compiled component waiting to be written to the cache (after it passed validation).
+struct PendingEntry {
+    dir: PathBuf,
+    artifact: PathBuf,
+    checksum: PathBuf,
+    compiled: Vec<u8>,
+    manifest: String,
+}
+
+impl PendingEntry {
+    /// Writes the entry; a cache that cannot be written is not an error.
+    fn store(self) {
+        if let Err(e) = store_cache_entry(&self) {
+            tracing::debug!(dir = %self.dir.display(), error = %format!("{e:#}"), "policy cache not written");
+        }
+    }
+}
+
+/// Reads a verified cache entry, or says why there is none.
+fn read_cache_entry(engine: &Engine, artifact: &Path, checksum: &Path, expected: &str) -> Result<Option<Component>> {
+    let Ok(manifest) = std::fs::read_to_string(checksum) else { return Ok(None) };
+    let Ok(meta) = std::fs::metadata(artifact) else { return Ok(None) };
+    if !meta.is_file() || meta.len() > MAX_CACHE_ENTRY {
+        bail!("not a regular file of at most {MAX_CACHE_ENTRY} bytes");
+    }
+    let data = std::fs::read(artifact).context("reading")?;
+    let actual = cache_manifest_lines(&manifest);
+    let wanted = cache_manifest_lines(expected);
+    // Format, component and engine lines first: a foreign entry is refused before hashing.
+    if actual.len() != 4 || actual[..3] != wanted[..3] {
+        bail!("checksum file is for another component, engine or format");
+    }
+    if hex::encode(Sha256::digest(&data)) != actual[3].strip_prefix("cwasm-sha256 ").unwrap_or_default() {
+        bail!("compiled bytes do not match their checksum (corrupt or truncated)");
+    }
+    // SAFETY: the bytes match the sha256 recorded when this program wrote them (by
+    // `precompile_component` below) for this exact component and an engine with the same
+    // compatibility hash; wasmtime further checks the header and that the embedded version
+    // string names this component (see `new_engine`). What runs is still checked: the
+    // import check and the typed exports are verified on the loaded component.
+    let component = unsafe { Component::deserialize(engine, &data) }.map_err(anyhow::Error::from)?;
+    Ok(Some(component))
+}
+
+/// The lines of a checksum file, trimmed.
+fn cache_manifest_lines(text: &str) -> Vec<&str> {
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).collect()
+}
+
+/// Loads a precompiled component from `dir` if a verified entry exists, else compiles it
+/// and returns the entry to write once the component passed validation.
+fn load_cached(
+    engine: &Engine,
+    bytes: &[u8],
+    sha256: &str,
+    dir: &Path,
+) -> Result<(Component, LoadedFrom, Option<PendingEntry>)> {
+    let hash = engine_hash(engine);
+    let key = format!("{sha256}-{hash}");
     let artifact = dir.join(format!("{key}.cwasm"));
     let checksum = dir.join(format!("{key}.cwasm.sha256"));
-    if let (Ok(data), Ok(expected)) = (std::fs::read(&artifact), std::fs::read_to_string(&checksum)) {
-        if hex::encode(Sha256::digest(&data)) == expected.trim() {
-            // SAFETY: the bytes were written by this program (`precompile_component` below) for an
-            // engine with the same compatibility hash, and their sha256 matches the checksum stored
-            // beside them, so they are not truncated, corrupted or foreign.
-            match unsafe { Component::deserialize(engine, &data) } {
-                Ok(c) => return Ok((c, LoadedFrom::Cache)),
-                Err(e) => {
-                    tracing::warn!(path = %artifact.display(), error = %e, "discarding unusable policy cache entry")
-                }
-            }
-        } else {
-            tracing::warn!(path = %artifact.display(), "policy cache entry fails its checksum; recompiling");
-        }
+    // The expected manifest, minus the cwasm digest (which only the entry itself knows).
+    let expected = cache_manifest(sha256, &hash, "");
+    match read_cache_entry(engine, &artifact, &checksum, &expected) {
+        Ok(Some(c)) => return Ok((c, LoadedFrom::Cache, None)),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(
+            path = %artifact.display(), error = %format!("{e:#}"), "discarding policy cache entry; recompiling"
+        ),
     }
     let compiled =
         engine.precompile_component(bytes).map_err(anyhow::Error::from).context("compiling the policy component")?;
@@ -397,17 +551,16 @@ fn load_cached(engine: &Engine, bytes: &[u8], sha256: &str, dir: &Path) -> Resul
     let component = unsafe { Component::deserialize(engine, &compiled) }
         .map_err(anyhow::Error::from)
         .context("loading the freshly compiled policy component")?;
-    if let Err(e) = store_cache_entry(dir, &artifact, &checksum, &compiled) {
-        tracing::debug!(dir = %dir.display(), error = %format!("{e:#}"), "policy cache not written");
-    }
-    Ok((component, LoadedFrom::Compiled))
+    let manifest = cache_manifest(sha256, &hash, &hex::encode(Sha256::digest(&compiled)));
+    let pending = PendingEntry { dir: dir.to_path_buf(), artifact, checksum, compiled, manifest };
+    Ok((component, LoadedFrom::Compiled, Some(pending)))
 }
 
-fn store_cache_entry(dir: &Path, artifact: &Path, checksum: &Path, compiled: &[u8]) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let sum = hex::encode(Sha256::digest(compiled));
-    write_atomic(dir, artifact, compiled)?;
-    write_atomic(dir, checksum, sum.as_bytes())?;
+fn store_cache_entry(e: &PendingEntry) -> Result<()> {
+    std::fs::create_dir_all(&e.dir).with_context(|| format!("creating {}", e.dir.display()))?;
+    // Checksum file last: until it is in place, the entry is incomplete and ignored.
+    write_atomic(&e.dir, &e.artifact, &e.compiled)?;
+    write_atomic(&e.dir, &e.checksum, e.manifest.as_bytes())?;
     Ok(())
 }
 
@@ -415,7 +568,10 @@ fn write_atomic(dir: &Path, path: &Path, data: &[u8]) -> Result<()> {
     let tmp =
         dir.join(format!(".tmp-{}-{}", std::process::id(), path.file_name().and_then(|n| n.to_str()).unwrap_or("x")));
     std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
+    std::fs::rename(&tmp, path).with_context(|| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("renaming into {}", path.display())
+    })
 }
 
 /// `ADDON_[A-Z0-9_]+`.

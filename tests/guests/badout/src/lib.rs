@@ -1,0 +1,55 @@
+//! Hostile guest: returns output the host must refuse. `env` picks the bad output from
+//! the first ConfigMap key; `plan` from the value of `ADDON_MODE`; `render` from the
+//! plan's version. Anything else gets a well-formed answer.
+#![no_std]
+include!("../../common/rt.rs");
+
+fn mode(env: &[KeyValue]) -> &str {
+    env.iter().find(|kv| kv.name == "ADDON_MODE").map(|kv| kv.value.as_str()).unwrap_or("")
+}
+
+impl Guest for Component {
+    fn env(data: Vec<KeyValue>) -> Result<Vec<KeyValue>, Vec<Violation>> {
+        let first = data.first().map(|kv| kv.name.as_str()).unwrap_or("");
+        match first {
+            "no-prefix" => Ok(vec![kv("LD_PRELOAD", "/tmp/evil.so")]),
+            "lowercase" => Ok(vec![kv("ADDON_image", "x")]),
+            "huge-value" => Ok(vec![kv("ADDON_IMAGE", &"a".repeat(1 << 20))]),
+            "many" => Ok((0..1000).map(|i| kv(&alloc::format!("ADDON_X{i}"), "v")).collect()),
+            "newline" => Ok(vec![kv("ADDON_IMAGE", "a\nADDON_EVIL=1")]),
+            "many-violations" => Err((0..100_000).map(|_| violation("k", "m")).collect()),
+            "empty-violations" => Err(Vec::new()),
+            _ => Ok(vec![kv("ADDON_MODE", "ok")]),
+        }
+    }
+    fn plan(env: Vec<KeyValue>) -> Result<Plan, Vec<Violation>> {
+        let mut p = good_plan("/vmlinuz");
+        match mode(&env) {
+            "dotdot-drop-in" => {
+                p.drop_in_path = "/etc/kata-containers/kata-tdx/config.d/../../../../etc/cron.d/x".into()
+            }
+            "outside-drop-in" => p.drop_in_path = "/etc/cron.d/50-kata-addons.toml".into(),
+            "nested-drop-in" => p.drop_in_path = "/etc/kata-containers/kata-tdx/config.d/sub/50.toml".into(),
+            "slash-file-name" => p.artifacts[0].file_name = "../../../usr/bin/sudo".into(),
+            "dotdot-file-name" => p.artifacts[0].file_name = "..".into(),
+            "relative-source" => p.artifacts[0].source = "vmlinuz".into(),
+            "bad-version" => p.version = "../v1".into(),
+            "bad-table" => p.hypervisor_table = "hypervisor.qemu]\nkernel = \"x\"\n[x".into(),
+            "many-artifacts" => {
+                let a = p.artifacts[0].clone();
+                p.artifacts = (0..100).map(|i| Artifact { file_name: alloc::format!("f{i}"), ..a.clone() }).collect();
+            }
+            "huge-render" => p.version = "huge".into(),
+            "bad-toml" => p.version = "badtoml".into(),
+            _ => {}
+        }
+        Ok(p)
+    }
+    fn render(plan: Plan, _installed: Vec<InstalledFile>) -> Result<String, Vec<Violation>> {
+        match plan.version.as_str() {
+            "huge" => Ok(alloc::format!("# {}\n", "x".repeat(100 * 1024))),
+            "badtoml" => Ok("[hypervisor.qemu\nkernel = ".into()),
+            _ => Ok("[hypervisor.qemu]\nkernel = \"/k\"\n".into()),
+        }
+    }
+}

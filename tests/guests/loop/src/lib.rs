@@ -1,0 +1,21 @@
+//! Hostile guest: `env` never returns when the ConfigMap has a `spin` key.
+#![no_std]
+include!("../../common/rt.rs");
+
+impl Guest for Component {
+    fn env(data: Vec<KeyValue>) -> Result<Vec<KeyValue>, Vec<Violation>> {
+        if has(&data, "spin") {
+            let mut n: u64 = 0;
+            loop {
+                n = core::hint::black_box(n.wrapping_add(1));
+            }
+        }
+        Ok(vec![kv("ADDON_IMAGE", "quay.io/example/addon:v1")])
+    }
+    fn plan(_env: Vec<KeyValue>) -> Result<Plan, Vec<Violation>> {
+        Ok(good_plan("/vmlinuz"))
+    }
+    fn render(_plan: Plan, _installed: Vec<InstalledFile>) -> Result<String, Vec<Violation>> {
+        Ok(String::new())
+    }
+}
