@@ -65,7 +65,7 @@ fn se_env(image: &str) -> Vec<(&'static str, String)> {
     vec![("ADDON_IMAGE", image.to_string()), ("ADDON_KERNEL_PATH", "/artifacts/kernel/vmlinuz".to_string())]
 }
 
-fn as_refs(v: &[(&'static str, String)]) -> Vec<(&'static str, &str)> {
+fn as_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     v.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
@@ -389,7 +389,11 @@ fn install_from_a_real_registry() {
     let base = kata_addons_tests::image::LayerBuilder::new()
         .file("usr/lib/big", &noise(2_000_000, 6))
         .build(kata_addons_tests::image::Compress::Gzip);
+    // Parent directories are explicit, as image builders write them: the base layer cannot
+    // change what the top layer says about `/artifacts/kernel/vmlinuz`, so it is not read.
     let top = kata_addons_tests::image::LayerBuilder::new()
+        .dir("artifacts")
+        .dir("artifacts/kernel")
         .file("artifacts/kernel/vmlinuz", &k)
         .build(kata_addons_tests::image::Compress::Gzip);
     let img = kata_addons_tests::image::Image::new(vec![base.clone(), top]);
