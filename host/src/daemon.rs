@@ -44,7 +44,10 @@ impl Daemon {
             }
             Action::Uninstall => {
                 let node = self.node.clone();
-                match tokio::task::spawn_blocking(move || install::uninstall(&node)).await.context("uninstall task")?? {
+                match tokio::task::spawn_blocking(move || install::uninstall(&node))
+                    .await
+                    .context("uninstall task")??
+                {
                     Removed::Nothing => tracing::info!("nothing installed; nothing to remove"),
                     Removed::Removed(st) => tracing::info!(version = %st.version, "uninstalled"),
                 }

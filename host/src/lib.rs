@@ -109,7 +109,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 cli::StatusFormat::Text => match &st.state {
                     None => println!("nothing installed"),
                     Some(s) => {
-                        println!("installed: {} {} ({}) for provider {}", s.image, s.version, s.manifest_digest, s.provider);
+                        println!(
+                            "installed: {} {} ({}) for provider {}",
+                            s.image, s.version, s.manifest_digest, s.provider
+                        );
                         for f in &s.files {
                             println!("  {:<7} {}", f.kind, f.path);
                         }

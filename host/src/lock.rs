@@ -34,7 +34,10 @@ pub fn acquire(root: &Root, timeout: Duration) -> Result<NodeLock> {
             Ok(()) => return Ok(NodeLock { _file: file }),
             Err(rustix::io::Errno::WOULDBLOCK) => {
                 if !logged {
-                    tracing::info!(lock = "/run/kata-addons.lock", "another kata-addons run holds the node lock; waiting");
+                    tracing::info!(
+                        lock = "/run/kata-addons.lock",
+                        "another kata-addons run holds the node lock; waiting"
+                    );
                     logged = true;
                 }
                 if start.elapsed() >= timeout {

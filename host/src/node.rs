@@ -102,10 +102,7 @@ impl Root {
 }
 
 fn refused_or(rel: &Path, what: &str) -> String {
-    format!(
-        "{what} /{} under the node root (a symlink that leads outside the root is refused)",
-        rel.display()
-    )
+    format!("{what} /{} under the node root (a symlink that leads outside the root is refused)", rel.display())
 }
 
 /// The `/`-separated components of a path, without empty and `.` parts.

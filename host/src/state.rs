@@ -74,8 +74,9 @@ pub fn read(dir: &Dir) -> Result<Option<State>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).context("reading the state file /etc/kata-containers/addons/state.json"),
     };
-    let state: State = serde_json::from_str(&text)
-        .context("the state file /etc/kata-containers/addons/state.json is corrupt; inspect it or remove it to start over")?;
+    let state: State = serde_json::from_str(&text).context(
+        "the state file /etc/kata-containers/addons/state.json is corrupt; inspect it or remove it to start over",
+    )?;
     if state.schema != SCHEMA {
         bail!("state file schema {} is not supported by this kata-addons (expects {SCHEMA})", state.schema);
     }

@@ -34,7 +34,11 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn json_preview_of_the_documented_configmap() {
     let cache = tempfile::tempdir().expect("tempdir");
-    let o = run(bin().args(["preview", "--output", "json", "--cache-dir"]).arg(cache.path()).arg("--configmap").arg(example()));
+    let o = run(bin()
+        .args(["preview", "--output", "json", "--cache-dir"])
+        .arg(cache.path())
+        .arg("--configmap")
+        .arg(example()));
     assert!(o.status.success(), "stderr: {}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let env: Vec<(String, String)> = v["env"]
@@ -45,10 +49,9 @@ fn json_preview_of_the_documented_configmap() {
         .collect();
     assert!(env.contains(&("ADDON_PROVIDER".into(), "se".into())), "{env:?}");
     assert!(env.contains(&("ADDON_VERSION".into(), "v1.0".into())), "{env:?}");
-    assert!(env.contains(&(
-        "ADDON_IMAGE".into(),
-        "quay.io/openshift_sandboxed_containers/kata-se-artifacts:v1.0".into()
-    )));
+    assert!(
+        env.contains(&("ADDON_IMAGE".into(), "quay.io/openshift_sandboxed_containers/kata-se-artifacts:v1.0".into()))
+    );
     assert_eq!(v["artifacts"][0]["kind"], "kernel");
     assert_eq!(v["artifacts"][0]["source"], "/artifacts/kernel/vmlinuz");
     assert_eq!(v["artifacts"].as_array().map(Vec::len), Some(1));
@@ -60,7 +63,11 @@ fn json_preview_of_the_documented_configmap() {
     assert!(kernel.starts_with("/etc/kata-containers/addons/v1.0-"), "{kernel}");
     assert!(kernel.ends_with("/kernel"), "{kernel}");
     // The cache now holds the compiled component; a second run uses it and agrees.
-    let o2 = run(bin().args(["preview", "--output", "json", "--cache-dir"]).arg(cache.path()).arg("--configmap").arg(example()));
+    let o2 = run(bin()
+        .args(["preview", "--output", "json", "--cache-dir"])
+        .arg(cache.path())
+        .arg("--configmap")
+        .arg(example()));
     assert_eq!(stdout(&o), stdout(&o2));
 }
 

@@ -144,7 +144,11 @@ fn walk(root: &Path, dir: &Path, identity: bool, out: &mut BTreeMap<String, Stri
             format!("dir {:o}", m.mode() & 0o7777)
         } else {
             let data = std::fs::read(&p).unwrap_or_default();
-            let id = if identity { format!(" ino={} mtime={}.{}", m.ino(), m.mtime(), m.mtime_nsec()) } else { String::new() };
+            let id = if identity {
+                format!(" ino={} mtime={}.{}", m.ino(), m.mtime(), m.mtime_nsec())
+            } else {
+                String::new()
+            };
             format!("file {:o} {}{id} sha={}", m.mode() & 0o7777, m.len(), crate::sha256_hex(&data))
         };
         out.insert(rel, desc);

@@ -58,7 +58,9 @@ fn sigkill_at_random_instants_never_breaks_the_node() {
     assert!(install_cmd(&node, &images[0], &cache).status().expect("run").success());
     let mut current = 0usize;
 
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1;
+    let seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+            | 1;
     let mut rng = seed;
     let mut killed_mid_run = 0;
     for i in 0..KILLS {
@@ -73,17 +75,30 @@ fn sigkill_at_random_instants_never_breaks_the_node() {
         }
 
         let ctx = format!("kill {i} after {wait:?} (seed {seed}, span {span:?})");
-        assert_eq!(node.config_d_entries("se"), vec!["50-kata-addons.toml"], "{ctx}: config.d must hold only the drop-in");
+        assert_eq!(
+            node.config_d_entries("se"),
+            vec!["50-kata-addons.toml"],
+            "{ctx}: config.d must hold only the drop-in"
+        );
         let kernel = node.qemu_key("se", "kernel").unwrap_or_else(|| panic!("{ctx}: no effective kernel"));
-        let data = std::fs::read(node.path(&kernel)).unwrap_or_else(|e| panic!("{ctx}: effective kernel {kernel}: {e}"));
+        let data =
+            std::fs::read(node.path(&kernel)).unwrap_or_else(|e| panic!("{ctx}: effective kernel {kernel}: {e}"));
         let sha = sha256_hex(&data);
         assert!(shas.contains(&sha), "{ctx}: effective kernel {kernel} is neither complete version (sha {sha})");
 
         // A rerun converges on the target.
-        let o = install_cmd(&node, &images[target], &cache).stdout(Stdio::piped()).stderr(Stdio::piped()).output().expect("rerun");
+        let o = install_cmd(&node, &images[target], &cache)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("rerun");
         assert!(o.status.success(), "{ctx}: rerun failed: {}", show(&o));
         let kernel = node.qemu_key("se", "kernel").expect("kernel after rerun");
-        assert_eq!(sha256_hex(&std::fs::read(node.path(&kernel)).expect("read")), shas[target], "{ctx}: rerun did not converge");
+        assert_eq!(
+            sha256_hex(&std::fs::read(node.path(&kernel)).expect("read")),
+            shas[target],
+            "{ctx}: rerun did not converge"
+        );
         let st = Command::new(kata_addons_bin()).args(["status", "--root"]).arg(node.root()).output().expect("status");
         assert_eq!(st.status.code(), Some(0), "{ctx}: {}", show(&st));
         let addons: Vec<_> = std::fs::read_dir(node.path("/etc/kata-containers/addons"))

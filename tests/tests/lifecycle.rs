@@ -377,8 +377,9 @@ fn read_only_config_location_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("read-only"), "{}", show(&o));
     // Nothing was staged in the install directory either.
     let addons = node.path("/etc/kata-containers/addons");
-    let left: Vec<_> =
-        std::fs::read_dir(&addons).map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name()).collect()).unwrap_or_default();
+    let left: Vec<_> = std::fs::read_dir(&addons)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
 }
 
