@@ -142,15 +142,15 @@ pub async fn install(
     let image = image_ref(plan);
 
     let digest = fetch::resolve_digest(registry, &image).await.with_context(|| format!("resolving {}", plan.image))?;
-    if let Some(old) = &old {
-        if up_to_date(policy, plan, &digest, old, &t)? {
-            if !old.previous_dirs.is_empty() || !old.previous_drop_ins.is_empty() {
-                let mut st = old.clone();
-                gc(&root, &t, &mut st)?;
-            }
-            tracing::info!(version = %old.version, digest = %digest, "up to date; nothing changed");
-            return Ok(Outcome::UpToDate(old.clone()));
+    if let Some(old) = &old
+        && up_to_date(policy, plan, &digest, old, &t)?
+    {
+        if !old.previous_dirs.is_empty() || !old.previous_drop_ins.is_empty() {
+            let mut st = old.clone();
+            gc(&root, &t, &mut st)?;
         }
+        tracing::info!(version = %old.version, digest = %digest, "up to date; nothing changed");
+        return Ok(Outcome::UpToDate(old.clone()));
     }
 
     node::ensure_writable(&t.addons, &plan.install_dir)?;
@@ -282,17 +282,17 @@ async fn stage(
             .iter()
             .find(|f| f.dest_name == a.file_name)
             .with_context(|| format!("the fetch did not produce {}", a.source))?;
-        if let Some(expected) = &a.sha256 {
-            if &f.sha256 != expected {
-                bail!(
-                    "checksum mismatch for {} {} in {}: expected sha256 {expected} ({}Sha256), got {}; nothing was installed",
-                    kind_name(a.kind),
-                    a.source,
-                    plan.image,
-                    kind_name(a.kind),
-                    f.sha256
-                );
-            }
+        if let Some(expected) = &a.sha256
+            && &f.sha256 != expected
+        {
+            bail!(
+                "checksum mismatch for {} {} in {}: expected sha256 {expected} ({}Sha256), got {}; nothing was installed",
+                kind_name(a.kind),
+                a.source,
+                plan.image,
+                kind_name(a.kind),
+                f.sha256
+            );
         }
         tracing::info!(step = "verify", kind = kind_name(a.kind), source = %a.source, sha256 = %f.sha256, size = f.size, "verified");
         out.push((f.sha256.clone(), f.size));
@@ -409,7 +409,7 @@ pub enum Removed {
     /// Nothing was installed.
     Nothing,
     /// This state was removed.
-    Removed(State),
+    Removed(Box<State>),
 }
 
 /// The install directory used when no plan is at hand (uninstall, status).
@@ -439,10 +439,10 @@ pub fn uninstall(node_args: &NodeArgs) -> Result<Removed> {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("removing drop-in {p}")),
         }
-        if let Some(parent) = rel.parent() {
-            if let Ok(d) = root.dir().open_dir(parent) {
-                node::fsync_dir(&d)?;
-            }
+        if let Some(parent) = rel.parent()
+            && let Ok(d) = root.dir().open_dir(parent)
+        {
+            node::fsync_dir(&d)?;
         }
     }
     for d in std::iter::once(&st.version_dir).chain(&st.previous_dirs) {
@@ -454,7 +454,7 @@ pub fn uninstall(node_args: &NodeArgs) -> Result<Removed> {
     drop(addons);
     // The install directory is ours; remove it when it is empty.
     let _ = root.dir().remove_dir(node::rel_path(DEFAULT_INSTALL_DIR));
-    Ok(Removed::Removed(st))
+    Ok(Removed::Removed(Box::new(st)))
 }
 
 /// Result of `status`.
