@@ -25,3 +25,5 @@ pub use types::*;
 
 #[cfg(target_arch = "wasm32")]
 mod component;
+#[cfg(target_arch = "wasm32")]
+mod rt;

@@ -76,8 +76,11 @@ impl Daemon {
                         Ok(()) => applied = Some(input),
                         Err(e) => {
                             tracing::error!(error = %format!("{e:#}"), "the changed ConfigMap could not be applied; the node keeps the last good addon");
-                            // Do not retry the same bad input on every tick.
-                            applied = Some(input);
+                            // An invalid configuration stays invalid: do not retry it on every tick.
+                            // Operational failures (registry down, disk full) are retried.
+                            if e.downcast_ref::<crate::policy::PolicyError>().is_some() {
+                                applied = Some(input);
+                            }
                         }
                     }
                 }

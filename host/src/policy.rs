@@ -9,10 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, ModuleVersionStrategy, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, ModuleVersionStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    StoreLimits, StoreLimitsBuilder, Trap,
+};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -451,6 +454,17 @@ fn new_engine(component_sha256: &str) -> Result<Engine> {
     // Threads and shared memories: the `threads` cargo feature of wasmtime is not compiled in.
     config.wasm_memory64(false);
     config.max_wasm_stack(MAX_WASM_STACK);
+    // Pooling: instance slots (memories, tables) are reserved once and reused, so the
+    // fresh instance every call gets costs little. Slots are sized for the largest
+    // --policy-memory so the per-call `StoreLimits` stays the one that refuses growth.
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(4)
+        .total_core_instances(16)
+        .total_memories(8)
+        .total_tables(16)
+        .max_memory_size(4 << 30)
+        .table_elements(100_000);
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     config
         .module_version(ModuleVersionStrategy::Custom(format!("kata-addons:{component_sha256}")))
         .map_err(anyhow::Error::from)
@@ -690,11 +704,6 @@ fn parent(p: &str) -> &str {
         Some(0) | None => "",
         Some(i) => &p[..i],
     }
-}
-
-/// Converts a plain error into the anyhow world, keeping [`PolicyError`] downcastable.
-pub fn into_anyhow(e: PolicyError) -> anyhow::Error {
-    anyhow!(e)
 }
 
 #[cfg(test)]

@@ -1,39 +1,9 @@
-// Shared no_std runtime pieces of the test guests, pulled in with `include!`: the
-// component imports nothing, exactly like the real guest (guest/src/component.rs).
+// Shared pieces of the test guests, pulled in with `include!`: the real guest's no_std
+// runtime (guest/src/rt.rs), so they import nothing exactly like it, and small helpers.
 
 extern crate alloc;
 
-#[global_allocator]
-static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
-
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
-    core::arch::wasm32::unreachable()
-}
-
-/// The canonical ABI allocation entry point (std would provide it; these guests have none).
-///
-/// # Safety
-/// Called only by the component runtime.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize, new_len: usize) -> *mut u8 {
-    use alloc::alloc::{Layout, alloc, realloc};
-    if new_len == 0 {
-        return align as *mut u8;
-    }
-    // SAFETY: the canonical ABI passes a power-of-two alignment and sizes it allocated.
-    let ptr = unsafe {
-        if old_len == 0 {
-            alloc(Layout::from_size_align_unchecked(new_len, align))
-        } else {
-            realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
-        }
-    };
-    if ptr.is_null() {
-        core::arch::wasm32::unreachable();
-    }
-    ptr
-}
+include!("../../../guest/src/rt.rs");
 
 wit_bindgen::generate!({
     path: "../../../wit",
@@ -90,31 +60,3 @@ fn good_plan(kernel: &str) -> Plan {
 
 #[allow(dead_code)]
 fn unused(_: String) {}
-
-/// `memcmp`: wasi-libc would provide it; these guests link no libc.
-///
-/// # Safety
-/// `a` and `b` must be valid for reads of `n` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
-    let mut i = 0;
-    while i < n {
-        // SAFETY: the caller guarantees both regions hold `n` readable bytes.
-        let (x, y) = unsafe { (core::ptr::read_volatile(a.add(i)), core::ptr::read_volatile(b.add(i))) };
-        if x != y {
-            return i32::from(x) - i32::from(y);
-        }
-        i += 1;
-    }
-    0
-}
-
-/// `bcmp`, which LLVM may emit for `==` on slices.
-///
-/// # Safety
-/// `a` and `b` must be valid for reads of `n` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
-    // SAFETY: same contract as `memcmp`.
-    unsafe { memcmp(a, b, n) }
-}
