@@ -364,8 +364,7 @@ fn set_mode_0644(dir: &Dir, name: &str) -> Result<()> {
 }
 
 fn sync_dir(dir: &Dir) -> Result<()> {
-    let d = dir.open(".").context("open destination directory")?;
-    d.sync_all().context("fsync destination directory")
+    crate::node::fsync_dir(dir).context("fsync of the destination directory")
 }
 
 /// `kata-addons fetch`: fetch the paths into `dest` (created if missing) and print

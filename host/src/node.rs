@@ -132,7 +132,9 @@ pub fn rel_path(node_path: &str) -> PathBuf {
 
 /// Flushes a directory's entries to disk (after a rename or create inside it).
 pub fn fsync_dir(dir: &Dir) -> Result<()> {
-    rustix::fs::fsync(dir).context("fsync of a directory")
+    // cap-std directory handles are O_PATH; fsync needs a descriptor opened for reading.
+    let d = dir.open(".").context("opening a directory for fsync")?;
+    d.sync_all().context("fsync of a directory")
 }
 
 /// Fails with a clear error if `dir` lives on a read-only filesystem.
