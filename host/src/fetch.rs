@@ -116,12 +116,7 @@ impl Connections {
 }
 
 /// Tries each endpoint (mirrors first); returns the first success or the primary's error.
-async fn over_endpoints<T, F, Fut>(
-    opts: &RegistryOptions,
-    conns: &Connections,
-    image: &ImageRef,
-    mut f: F,
-) -> Result<T>
+async fn over_endpoints<T, F, Fut>(opts: &RegistryOptions, conns: &Connections, image: &ImageRef, mut f: F) -> Result<T>
 where
     F: FnMut(Source, ResolvedImage) -> Fut,
     Fut: std::future::Future<Output = Result<T>>,

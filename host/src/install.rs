@@ -13,12 +13,12 @@ use sha2::{Digest, Sha256};
 
 use crate::cli::NodeArgs;
 use crate::configmap::Input;
+use crate::fetch::{self, Wanted};
 use crate::layout;
 use crate::lock;
 use crate::node::{self, Root};
 use crate::policy::{ImageSource, KeyValue, Plan, Policy};
 use crate::preview::{kind_name, provider_name};
-use crate::fetch::{self, Wanted};
 use crate::source::{ImageRef, RegistryOptions};
 use crate::state::{self, DropInRecord, FileRecord, State};
 
@@ -121,7 +121,12 @@ async fn lock_node(root: &Root, timeout: Duration) -> Result<lock::NodeLock> {
 }
 
 /// Installs (or confirms) the addon described by `plan` on the node.
-pub async fn install(policy: &Policy, plan: &Plan, registry: &RegistryOptions, node_args: &NodeArgs) -> Result<Outcome> {
+pub async fn install(
+    policy: &Policy,
+    plan: &Plan,
+    registry: &RegistryOptions,
+    node_args: &NodeArgs,
+) -> Result<Outcome> {
     let started = Instant::now();
     let root = Root::open(&node_args.root)?;
     let _lock = lock_node(&root, Duration::from_secs(node_args.lock_timeout)).await?;
@@ -168,9 +173,7 @@ pub async fn install(policy: &Policy, plan: &Plan, registry: &RegistryOptions, n
         }
     };
     let dir_name = pick_dir_name(&t.addons, plan, &report_digest, old.as_ref())?;
-    t.addons
-        .rename(&staging, &t.addons, &dir_name)
-        .with_context(|| format!("renaming {staging} to {dir_name}"))?;
+    t.addons.rename(&staging, &t.addons, &dir_name).with_context(|| format!("renaming {staging} to {dir_name}"))?;
     node::fsync_dir(&t.addons)?;
     tracing::info!(step = "stage", dir = %format!("{}/{dir_name}", plan.install_dir), "files staged");
 
@@ -266,7 +269,9 @@ async fn stage(
     let wanted: Vec<Wanted> =
         plan.artifacts.iter().map(|a| Wanted { path: a.source.clone(), dest_name: a.file_name.clone() }).collect();
     let started = Instant::now();
-    let report = fetch::fetch_files_with(registry, conns, image, &wanted, &dir).await.with_context(|| format!("pulling {}", plan.image))?;
+    let report = fetch::fetch_files_with(registry, conns, image, &wanted, &dir)
+        .await
+        .with_context(|| format!("pulling {}", plan.image))?;
     let bytes: u64 = report.files.iter().map(|f| f.size).sum();
     let secs = started.elapsed().as_secs_f64().max(1e-6);
     tracing::info!(
@@ -421,7 +426,8 @@ fn open_addons(root: &Root) -> Result<Option<Dir>> {
     match root.dir().open_dir(node::rel_path(DEFAULT_INSTALL_DIR)) {
         Ok(d) => Ok(Some(d)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("opening {DEFAULT_INSTALL_DIR} (a symlink leading outside the root is refused)")),
+        Err(e) => Err(e)
+            .with_context(|| format!("opening {DEFAULT_INSTALL_DIR} (a symlink leading outside the root is refused)")),
     }
 }
 
