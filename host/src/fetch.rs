@@ -53,7 +53,7 @@ pub struct FetchReport {
 }
 
 enum Source {
-    Registry(Box<RegistryClient>),
+    Registry(Arc<RegistryClient>),
     Layout(std::path::PathBuf),
 }
 
@@ -88,8 +88,35 @@ fn certs(opts: &RegistryOptions) -> Result<Vec<Vec<u8>>> {
     }
 }
 
+/// Registry connections (authenticated clients) kept across calls, one per endpoint, so that
+/// resolving an image and then fetching from it connects and authenticates once. Building a
+/// client loads the system CA roots, which costs milliseconds each time.
+#[derive(Default)]
+pub struct Connections {
+    clients: std::sync::Mutex<HashMap<String, Arc<RegistryClient>>>,
+}
+
+impl Connections {
+    /// No connections yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    async fn get(&self, opts: &RegistryOptions, ep: &Endpoint, certs: &[Vec<u8>]) -> Result<Arc<RegistryClient>> {
+        let key = format!("{}|{}|{}", ep.host, ep.repository, ep.insecure);
+        if let Some(c) = self.clients.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(c);
+        }
+        let client = Arc::new(RegistryClient::connect(opts, ep, certs).await?);
+        if let Ok(mut m) = self.clients.lock() {
+            m.insert(key, client.clone());
+        }
+        Ok(client)
+    }
+}
+
 /// Tries each endpoint (mirrors first); returns the first success or the primary's error.
-async fn over_endpoints<T, F, Fut>(opts: &RegistryOptions, image: &ImageRef, mut f: F) -> Result<T>
+async fn over_endpoints<T, F, Fut>(opts: &RegistryOptions, conns: &Connections, image: &ImageRef, mut f: F) -> Result<T>
 where
     F: FnMut(Source, ResolvedImage) -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
@@ -104,9 +131,9 @@ where
             let mut mirror_errors = Vec::new();
             for ep in endpoints(opts, image)? {
                 let attempt = async {
-                    let client = RegistryClient::connect(opts, &ep, &certs).await?;
+                    let client = conns.get(opts, &ep, &certs).await?;
                     let resolved = client.resolve(tag.as_deref(), digest.as_deref()).await?;
-                    f(Source::Registry(Box::new(client)), resolved).await
+                    f(Source::Registry(client), resolved).await
                 }
                 .await;
                 match attempt {
@@ -130,7 +157,12 @@ where
 
 /// Resolves an image to its platform manifest digest (`sha256:…`) without reading layers.
 pub async fn resolve_digest(opts: &RegistryOptions, image: &ImageRef) -> Result<String> {
-    over_endpoints(opts, image, |_, r| async move { Ok(r.manifest_digest) })
+    resolve_digest_with(opts, &Connections::new(), image).await
+}
+
+/// [`resolve_digest`], reusing (and keeping) the connections in `conns`.
+pub async fn resolve_digest_with(opts: &RegistryOptions, conns: &Connections, image: &ImageRef) -> Result<String> {
+    over_endpoints(opts, conns, image, |_, r| async move { Ok(r.manifest_digest) })
         .await
         .with_context(|| format!("resolve {image}"))
 }
@@ -138,6 +170,17 @@ pub async fn resolve_digest(opts: &RegistryOptions, image: &ImageRef) -> Result<
 /// Fetches the wanted files of `image` into `dest` (temporary name, fsync, rename; mode 0644).
 pub async fn fetch_files(
     opts: &RegistryOptions,
+    image: &ImageRef,
+    wanted: &[Wanted],
+    dest: &Dir,
+) -> Result<FetchReport> {
+    fetch_files_with(opts, &Connections::new(), image, wanted, dest).await
+}
+
+/// [`fetch_files`], reusing (and keeping) the connections in `conns`.
+pub async fn fetch_files_with(
+    opts: &RegistryOptions,
+    conns: &Connections,
     image: &ImageRef,
     wanted: &[Wanted],
     dest: &Dir,
@@ -156,7 +199,7 @@ pub async fn fetch_files(
             bail!("destination file name {:?} given twice", w.dest_name);
         }
     }
-    over_endpoints(opts, image, |source, resolved| {
+    over_endpoints(opts, conns, image, |source, resolved| {
         let paths = paths.clone();
         async move {
             let temps = TempFiles::new(dest.try_clone().context("duplicate destination handle")?);

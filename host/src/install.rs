@@ -141,7 +141,11 @@ pub async fn install(
     let old = state::read(&t.addons)?;
     let image = image_ref(plan);
 
-    let digest = fetch::resolve_digest(registry, &image).await.with_context(|| format!("resolving {}", plan.image))?;
+    // One connection per endpoint for resolving and fetching: authenticate once.
+    let conns = fetch::Connections::new();
+    let digest = fetch::resolve_digest_with(registry, &conns, &image)
+        .await
+        .with_context(|| format!("resolving {}", plan.image))?;
     if let Some(old) = &old
         && up_to_date(policy, plan, &digest, old, &t)?
     {
@@ -160,7 +164,7 @@ pub async fn install(
     let staging = format!("{STAGING_PREFIX}{}", std::process::id());
     remove_entry(&t.addons, &staging)?;
     t.addons.create_dir(&staging).with_context(|| format!("creating staging directory {staging}"))?;
-    let staged = stage(registry, &image, plan, &t, &staging).await;
+    let staged = stage(registry, &conns, &image, plan, &t, &staging).await;
     let (report_digest, files) = match staged {
         Ok(v) => v,
         Err(e) => {
@@ -255,6 +259,7 @@ pub async fn install(
 /// Returns the manifest digest and `(sha256, size)` per artifact, in plan order.
 async fn stage(
     registry: &RegistryOptions,
+    conns: &fetch::Connections,
     image: &ImageRef,
     plan: &Plan,
     t: &Target,
@@ -264,8 +269,9 @@ async fn stage(
     let wanted: Vec<Wanted> =
         plan.artifacts.iter().map(|a| Wanted { path: a.source.clone(), dest_name: a.file_name.clone() }).collect();
     let started = Instant::now();
-    let report =
-        fetch::fetch_files(registry, image, &wanted, &dir).await.with_context(|| format!("pulling {}", plan.image))?;
+    let report = fetch::fetch_files_with(registry, conns, image, &wanted, &dir)
+        .await
+        .with_context(|| format!("pulling {}", plan.image))?;
     let bytes: u64 = report.files.iter().map(|f| f.size).sum();
     let secs = started.elapsed().as_secs_f64().max(1e-6);
     tracing::info!(

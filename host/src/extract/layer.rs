@@ -203,6 +203,25 @@ fn candidates(job: &LayerJob, index: &LayerIndex, wanted: &[String]) -> HashSet<
     out
 }
 
+/// Bytes written to a captured file between two requests to start writing them back.
+const WRITEBACK_STEP: u64 = 4 << 20;
+
+/// Asks the kernel to start writing `len` bytes at `offset` of `file` back to disk now,
+/// without waiting, so that the final `fsync` overlaps decompression instead of following
+/// it. Only a hint: failure is ignored (the `fsync` is what makes the data durable).
+#[cfg(target_os = "linux")]
+fn start_writeback(file: &cap_std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };
+    // SAFETY: a plain syscall on a descriptor we own; no memory is passed.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &cap_std::fs::File, _offset: u64, _len: u64) {}
+
 fn copy_out<R: Read>(job: &LayerJob, path: &str, entry: &mut R, size: u64) -> Result<Capture> {
     if size > job.max_file_size {
         bail!("/{path} is {size} bytes, more than the per-file limit of {} bytes", job.max_file_size);
@@ -212,6 +231,7 @@ fn copy_out<R: Read>(job: &LayerJob, path: &str, entry: &mut R, size: u64) -> Re
     let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut n_total = 0u64;
+    let mut started = 0u64;
     loop {
         let n = entry.read(&mut buf).with_context(|| format!("read /{path} from the layer"))?;
         if n == 0 {
@@ -227,6 +247,10 @@ fn copy_out<R: Read>(job: &LayerJob, path: &str, entry: &mut R, size: u64) -> Re
         }
         hasher.update(&buf[..n]);
         w.write_all(&buf[..n]).with_context(|| format!("write temporary file {tmp}"))?;
+        if n_total - started >= WRITEBACK_STEP {
+            start_writeback(w.get_ref(), started, n_total - started);
+            started = n_total;
+        }
     }
     let file = w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("write temporary file {tmp}"))?;
     file.sync_all().with_context(|| format!("fsync temporary file {tmp}"))?;
