@@ -242,12 +242,14 @@ async fn read_layer(
         total: total.clone(),
     };
     let thread = tokio::task::spawn_blocking(move || layer::run(job, rx));
+    let bar = crate::progress::layer(&desc.digest, desc.size);
     let streamed: Result<()> = async {
         let mut tx = Some(tx);
         let mut hasher = sha2::Sha256::new();
         let mut n = 0u64;
         while let Some(chunk) = blob.next_chunk().await? {
             n += chunk.len() as u64;
+            bar.inc(chunk.len() as u64);
             if n > desc.size {
                 bail!("blob is larger than its descriptor says ({} bytes): refused", desc.size);
             }
@@ -270,6 +272,7 @@ async fn read_layer(
         Ok(())
     }
     .await;
+    bar.finish_and_clear();
     let walked = thread.await.context("layer walker thread failed")?;
     match (streamed, walked) {
         (Err(e), Ok(out)) => {

@@ -13,6 +13,7 @@ pub mod logging;
 pub mod node;
 pub mod policy;
 pub mod preview;
+pub mod progress;
 pub mod source;
 pub mod state;
 

@@ -1,0 +1,16 @@
+//! Download progress bars, drawn on stderr only when it is a terminal (indicatif hides
+//! them otherwise, so logs and pipes stay clean).
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// A bar for one layer blob of `size` bytes.
+pub fn layer(digest: &str, size: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(size), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}")
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    let short = digest.strip_prefix("sha256:").unwrap_or(digest);
+    bar.set_prefix(format!("layer {}", short.get(..12).unwrap_or(short)));
+    bar
+}
