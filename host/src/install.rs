@@ -143,9 +143,14 @@ pub async fn install(
 
     // One connection per endpoint for resolving and fetching: authenticate once.
     let conns = fetch::Connections::new();
-    let digest = fetch::resolve_digest_with(registry, &conns, &image)
-        .await
-        .with_context(|| format!("resolving {}", plan.image))?;
+    // A digest-pinned reference that is already installed needs no registry round trip:
+    // the content is immutable and the files are verified below (offline restarts work).
+    let digest = match (layout::pinned_digest(plan), &old) {
+        (Some(pinned), Some(o)) if o.manifest_digest == pinned => pinned.to_string(),
+        _ => fetch::resolve_digest_with(registry, &conns, &image)
+            .await
+            .with_context(|| format!("resolving {}", plan.image))?,
+    };
     if let Some(old) = &old
         && up_to_date(policy, plan, &digest, old, &t)?
     {

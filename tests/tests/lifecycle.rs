@@ -414,3 +414,35 @@ fn install_from_a_real_registry() {
     let o = kata(&args, &env);
     assert!(stdout(&o).contains("up to date"), "{}", show(&o));
 }
+
+#[test]
+fn pinned_install_is_up_to_date_without_the_registry() {
+    let reg = Registry::start();
+    let k = noise(300_000, 7);
+    let top = kata_addons_tests::image::LayerBuilder::new()
+        .dir("boot")
+        .file("boot/vmlinuz", &k)
+        .build(kata_addons_tests::image::Compress::Gzip);
+    let img = kata_addons_tests::image::Image::new(vec![top]);
+    let digest = reg.push("kata/pinned", "v1", &img);
+    let node = Node::new();
+    let image = format!("{}/kata/pinned@{digest}", reg.host());
+    let root = root_arg(&node);
+    let host = reg.host();
+    let args = ["install", "--root", root.as_str(), "--insecure-registry", host.as_str(), "--timeout", "2"];
+    let env = [("ADDON_IMAGE", image.as_str()), ("ADDON_KERNEL_PATH", "/boot/vmlinuz"), ("ADDON_VERSION", "v1")];
+    let o = kata(&args, &env);
+    assert!(o.status.success(), "{}", show(&o));
+    drop(reg);
+    // The registry is gone: a digest-pinned, intact install is still up to date.
+    let snap = node.snapshot();
+    let o = kata(&args, &env);
+    assert!(o.status.success() && stdout(&o).contains("up to date"), "{}", show(&o));
+    assert_eq!(node.snapshot(), snap);
+    // A tampered file needs the registry again, and says which one it could not reach.
+    let kernel = node.qemu_key("se", "kernel").expect("kernel");
+    std::fs::write(node.path(&kernel), b"tampered").expect("tamper");
+    let o = kata(&args, &env);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&host), "{}", show(&o));
+}
