@@ -13,6 +13,7 @@ use crate::cli::{Action, ConfigArgs, NodeArgs};
 use crate::configmap::Input;
 use crate::install::{self, Outcome, Removed};
 use crate::policy::Policy;
+use crate::preview;
 use crate::source::RegistryOptions;
 
 /// Everything the daemon needs.
@@ -90,7 +91,7 @@ impl Daemon {
     }
 
     async fn install(&self, policy: &Policy, input: &Input) -> Result<()> {
-        let (_, plan) = install::plan_from(policy, input)?;
+        let (_, plan) = preview::plan(policy, input)?;
         match install::install(policy, &plan, &self.registry, &self.node).await? {
             Outcome::UpToDate(st) => tracing::info!(version = %st.version, "up to date"),
             Outcome::Installed(st) => tracing::info!(version = %st.version, digest = %st.manifest_digest, "installed"),

@@ -67,7 +67,7 @@ impl Source {
 }
 
 fn check_dest_name(n: &str) -> Result<()> {
-    if n.is_empty() || n == "." || n == ".." || n.contains('/') || n.contains('\0') || n.starts_with(TMP_PREFIX) {
+    if !crate::policy::is_plain_file_name(n) || n.starts_with(TMP_PREFIX) {
         bail!("invalid destination file name {n:?}");
     }
     Ok(())

@@ -12,12 +12,11 @@ use cap_std::fs::Dir;
 use sha2::{Digest, Sha256};
 
 use crate::cli::NodeArgs;
-use crate::configmap::Input;
 use crate::fetch::{self, Wanted};
 use crate::layout;
 use crate::lock;
 use crate::node::{self, Root};
-use crate::policy::{ImageSource, KeyValue, Plan, Policy};
+use crate::policy::{ImageSource, Plan, Policy};
 use crate::preview::{kind_name, provider_name};
 use crate::source::{ImageRef, RegistryOptions};
 use crate::state::{self, DropInRecord, FileRecord, State};
@@ -101,16 +100,6 @@ pub fn image_ref(plan: &Plan) -> ImageRef {
     }
 }
 
-/// Runs the policy on the configuration: ConfigMap -> env -> plan.
-pub fn plan_from(policy: &Policy, input: &Input) -> Result<(Vec<KeyValue>, Plan)> {
-    let env = match input {
-        Input::ConfigMap { data, .. } => policy.env(data)?,
-        Input::Env(env) => env.clone(),
-    };
-    let plan = policy.plan(&env)?;
-    Ok((env, plan))
-}
-
 fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
@@ -191,8 +180,9 @@ pub async fn install(
             return Err(e.into());
         }
     };
+    // Staged beside config.d, never inside it: Kata parses every entry there.
     let tmp_name = format!(".{}.kata-addons-tmp", t.drop_in_name);
-    if let Err(e) = write_tmp(&t.config_dir, &tmp_name, text.as_bytes()) {
+    if let Err(e) = node::write_synced(&t.config_dir, &tmp_name, text.as_bytes()) {
         let _ = t.addons.remove_dir_all(&dir_name);
         return Err(e);
     }
@@ -337,18 +327,6 @@ fn remove_entry(dir: &Dir, name: &str) -> Result<()> {
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("inspecting {name}")),
     }
-}
-
-/// Writes the drop-in text to a temp file beside `config.d` (never inside it: Kata parses
-/// every entry there) and fsyncs it.
-fn write_tmp(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
-    use cap_std::fs::{OpenOptions, OpenOptionsExt};
-    use std::io::Write;
-    let mut opts = OpenOptions::new();
-    opts.write(true).create(true).truncate(true).mode(0o644);
-    let mut f = dir.open_with(name, &opts).with_context(|| format!("creating {name}"))?;
-    f.write_all(data).with_context(|| format!("writing {name}"))?;
-    f.sync_all().with_context(|| format!("fsync {name}"))
 }
 
 /// True when the node already has exactly what `plan` asks for: same image digest,

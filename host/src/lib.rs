@@ -76,7 +76,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Install { config, registry, node } => {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
-            let (_, plan) = install::plan_from(&policy, &input)?;
+            let (_, plan) = preview::plan(&policy, &input)?;
             let opts = source::RegistryOptions::from_args(&registry)?;
             match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
                 install::Outcome::UpToDate(st) => {

@@ -143,20 +143,25 @@ pub fn ensure_writable(dir: &Dir, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Writes `data` as a regular 0644 file `name` in `dir` (created or truncated) and
+/// fsyncs it; the caller renames it into place.
+pub fn write_synced(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
+    let mut opts = OpenOptions::new();
+    opts.write(true).create(true).truncate(true).mode(0o644);
+    let mut f = dir.open_with(name, &opts).with_context(|| format!("creating {name}"))?;
+    f.write_all(data).with_context(|| format!("writing {name}"))?;
+    f.set_permissions(Permissions::from_mode(0o644)).with_context(|| format!("chmod {name}"))?;
+    f.sync_all().with_context(|| format!("fsync {name}"))
+}
+
 /// Writes `data` as a regular 0644 file `name` in `dir` atomically: temp name, fsync,
 /// rename, fsync of the directory. A crash leaves either the old or the new file.
 pub fn write_atomic(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
     let tmp = format!(".{name}.tmp-{}", std::process::id());
-    let result = (|| -> Result<()> {
-        let mut opts = OpenOptions::new();
-        opts.write(true).create(true).truncate(true).mode(0o644);
-        let mut f = dir.open_with(&tmp, &opts).with_context(|| format!("creating {tmp}"))?;
-        f.write_all(data).with_context(|| format!("writing {tmp}"))?;
-        f.set_permissions(Permissions::from_mode(0o644)).with_context(|| format!("chmod {tmp}"))?;
-        f.sync_all().with_context(|| format!("fsync {tmp}"))?;
+    let result = write_synced(dir, &tmp, data).and_then(|()| {
         dir.rename(&tmp, dir, name).with_context(|| format!("renaming {tmp} to {name}"))?;
         fsync_dir(dir)
-    })();
+    });
     if result.is_err() {
         let _ = dir.remove_file(&tmp);
     }

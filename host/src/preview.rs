@@ -26,13 +26,20 @@ pub struct Preview {
     pub drop_in: String,
 }
 
-/// Runs `env` (for ConfigMap input), `plan` and `render`.
-pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
+/// Runs the policy on the configuration: ConfigMap -> env (`env`) -> plan (`plan`).
+/// `ADDON_*` environment input goes straight to `plan`.
+pub fn plan(policy: &Policy, input: &Input) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
     let env = match input {
         Input::ConfigMap { data, .. } => policy.env(data)?,
         Input::Env(env) => env.clone(),
     };
     let plan = policy.plan(&env)?;
+    Ok((env, plan))
+}
+
+/// Runs `env` (for ConfigMap input), `plan` and `render`.
+pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
+    let (env, plan) = plan(policy, input)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = layout::installed_files(&plan, &dir);
     let drop_in = policy.render(&plan, &installed)?;
