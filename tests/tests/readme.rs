@@ -65,10 +65,8 @@ fn scripts_do_their_own_setup_and_ci_runs_the_test_script() {
         .find_map(|l| l.strip_prefix("wasmtime = { version = \""))
         .and_then(|v| v.split('"').next())
         .expect("host/Cargo.toml depends on wasmtime");
-    let cli = run
-        .lines()
-        .find_map(|l| l.strip_prefix("WASMTIME_CLI_VERSION="))
-        .expect("tests/run pins WASMTIME_CLI_VERSION");
+    let cli =
+        run.lines().find_map(|l| l.strip_prefix("WASMTIME_CLI_VERSION=")).expect("tests/run pins WASMTIME_CLI_VERSION");
     assert!(cli.starts_with(&format!("{lib_major}.")), "wasmtime CLI {cli} vs library {lib_major}");
     let ci = read(".ci/run");
     assert!(ci.lines().any(|l| l.trim() == "tests/run"), ".ci/run must run tests/run");
