@@ -7,10 +7,10 @@ use std::sync::atomic::AtomicU64;
 
 use anyhow::{Context, Result, bail};
 use cap_std::fs::Dir;
-use sha2::Digest;
 
 use crate::extract::layer::{self, Capture, Compression, LayerJob, Mode, TMP_PREFIX, TempFiles};
 use crate::extract::{LayerIndex, Resolution, View, check_wanted_path};
+use crate::source::blobhash::BlobHasher;
 use crate::source::registries_conf::{Endpoint, RegistriesConf};
 use crate::source::registry::RegistryClient;
 use crate::source::retry::RetryBudget;
@@ -249,15 +249,17 @@ async fn read_layer(
     let bar = crate::progress::layer(&desc.digest, desc.size);
     let streamed: Result<()> = async {
         let mut tx = Some(tx);
-        let mut hasher = sha2::Sha256::new();
-        let mut n = 0u64;
+        // The digest is computed on its own thread while the walker decompresses (issue 13).
+        let hasher = BlobHasher::start();
+        let (mut n, mut chunks) = (0u64, 0u64);
         while let Some(chunk) = blob.next_chunk().await? {
             n += chunk.len() as u64;
+            chunks += 1;
             bar.inc(chunk.len() as u64);
             if n > desc.size {
                 bail!("blob is larger than its descriptor says ({} bytes): refused", desc.size);
             }
-            hasher.update(&chunk);
+            hasher.update(chunk.clone()).await?;
             if let Some(t) = &tx
                 && t.send(chunk).await.is_err()
             {
@@ -266,10 +268,11 @@ async fn read_layer(
             }
         }
         drop(tx);
+        tracing::debug!("blob {}: {n} bytes in {chunks} chunks", desc.digest);
         if n != desc.size {
             bail!("blob is truncated: {n} of {} bytes", desc.size);
         }
-        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+        let actual = hasher.finish().await?;
         if actual != desc.digest {
             bail!("blob digest mismatch: content hashes to {actual}");
         }

@@ -4,6 +4,7 @@
 //! descriptors) and open layer blobs as a [`BlobReader`], so the extraction code is shared.
 
 pub mod auth;
+pub mod blobhash;
 pub mod layout;
 pub mod manifest;
 pub mod registries_conf;
