@@ -77,6 +77,12 @@ pub struct RegistryArgs {
     /// Longest wait for any registry response or progress, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub timeout: u64,
+    /// Image trust policy, containers-policy.json(5) (default: the node's /etc/containers/policy.json).
+    #[arg(long, value_name = "FILE")]
+    pub signature_policy: Option<PathBuf>,
+    /// Signature storage configuration, containers-registries.d(5) (default: the node's /etc/containers/registries.d).
+    #[arg(long, value_name = "DIR")]
+    pub registries_d: Option<PathBuf>,
 }
 
 /// Where on the node to work.

@@ -16,6 +16,7 @@ pub mod preview;
 pub mod progress;
 pub mod source;
 pub mod state;
+pub mod trust;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -77,7 +78,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
             let (_, plan) = preview::plan(&policy, &input)?;
-            let opts = source::RegistryOptions::from_args(&registry)?;
+            let mut opts = source::RegistryOptions::from_args(&registry)?;
+            opts.trust.root = Some(node.root.clone());
             match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
                 install::Outcome::UpToDate(st) => {
                     println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest)
@@ -88,6 +90,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         println!("  {:<7} {}  sha256 {}", f.kind, f.path, f.sha256);
                     }
                     println!("  drop-in {}", st.drop_in.path);
+                    if let Some(t) = &st.trust {
+                        println!("  trust   {}", t.summary());
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -118,6 +123,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                             println!("  {:<7} {}", f.kind, f.path);
                         }
                         println!("  drop-in {}", s.drop_in.path);
+                        if let Some(t) = &s.trust {
+                            println!("  trust   {}", t.summary());
+                        }
                         if st.problems.is_empty() {
                             println!("healthy: every file and the drop-in match the state");
                         } else {
@@ -139,7 +147,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let d = daemon::Daemon {
                 action,
                 config,
-                registry: source::RegistryOptions::from_args(&registry)?,
+                registry: {
+                    let mut o = source::RegistryOptions::from_args(&registry)?;
+                    o.trust.root = Some(node.root.clone());
+                    o
+                },
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),

@@ -65,6 +65,9 @@ pub struct State {
     /// Drop-ins of earlier installs (other provider) still to be removed (crash recovery).
     #[serde(default)]
     pub previous_drop_ins: Vec<String>,
+    /// The image trust decision (policy.json) that admitted the installed image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<crate::trust::TrustRecord>,
 }
 
 /// Reads the state from the install directory; `None` when nothing is installed.

@@ -261,6 +261,8 @@ pub struct RegistryOptions {
     pub backoff: Duration,
     /// Extraction size limits.
     pub limits: Limits,
+    /// Image trust policy files (policy.json, registries.d).
+    pub trust: crate::trust::TrustOptions,
 }
 
 impl Default for RegistryOptions {
@@ -275,6 +277,7 @@ impl Default for RegistryOptions {
             attempts: 5,
             backoff: Duration::from_millis(250),
             limits: Limits::default(),
+            trust: crate::trust::TrustOptions::default(),
         }
     }
 }
@@ -296,6 +299,11 @@ impl RegistryOptions {
             insecure_registries: args.insecure_registry.clone(),
             platform,
             timeout: Duration::from_secs(args.timeout),
+            trust: crate::trust::TrustOptions {
+                signature_policy: args.signature_policy.clone(),
+                registries_d: args.registries_d.clone(),
+                root: None,
+            },
             ..RegistryOptions::default()
         })
     }
@@ -317,6 +325,9 @@ pub struct Descriptor {
 pub struct ResolvedImage {
     /// Digest of the platform manifest (`sha256:…`).
     pub manifest_digest: String,
+    /// Digest of the manifest the reference named (the index for a multi-platform image):
+    /// what signatures sign.
+    pub top_digest: String,
     /// Layers, bottom first (manifest order).
     pub layers: Vec<Descriptor>,
     /// Human-readable name of where the image came from (for messages).
