@@ -85,7 +85,7 @@ impl TrustRecord {
 /// Where the image came from, for reading its signatures.
 pub enum Origin<'a> {
     /// A registry endpoint (the mirror or source the manifest was read from).
-    Registry(&'a RegistryClient),
+    Registry(&'a std::sync::Arc<RegistryClient>),
     /// A local OCI layout (no signatures).
     Layout,
 }
