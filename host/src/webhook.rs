@@ -185,9 +185,9 @@ struct CertStore {
 impl CertStore {
     fn load(cert_path: &Path, key_path: &Path, provider: Arc<rustls::crypto::CryptoProvider>) -> Result<CertStore> {
         let files = PemFiles::read(cert_path, key_path)?;
-        let ck = files.certified_key(&provider).with_context(|| {
-            format!("loading the TLS pair {} / {}", cert_path.display(), key_path.display())
-        })?;
+        let ck = files
+            .certified_key(&provider)
+            .with_context(|| format!("loading the TLS pair {} / {}", cert_path.display(), key_path.display()))?;
         Ok(CertStore {
             cert_path: cert_path.to_path_buf(),
             key_path: key_path.to_path_buf(),
