@@ -826,15 +826,17 @@ mod tests {
 
     #[test]
     fn binary_data_is_named() {
-        let mut cm = ConfigMap::default();
-        cm.data = Some([("kernelPath".to_string(), "/k".to_string())].into());
-        cm.binary_data = Some(
-            [
-                ("kernelPath".to_string(), k8s_openapi::ByteString(vec![1])),
-                ("blob".to_string(), k8s_openapi::ByteString(vec![2])),
-            ]
-            .into(),
-        );
+        let cm = ConfigMap {
+            data: Some([("kernelPath".to_string(), "/k".to_string())].into()),
+            binary_data: Some(
+                [
+                    ("kernelPath".to_string(), k8s_openapi::ByteString(vec![1])),
+                    ("blob".to_string(), k8s_openapi::ByteString(vec![2])),
+                ]
+                .into(),
+            ),
+            ..ConfigMap::default()
+        };
         let v = binary_data_violations(&cm);
         let keys: Vec<&str> = v.iter().map(|v| v.key.as_str()).collect();
         assert_eq!(keys, ["binaryData.blob", "kernelPath"]);
