@@ -88,7 +88,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     for f in &st.files {
                         println!("  {:<7} {}  sha256 {}", f.kind, f.path, f.sha256);
                     }
-                    println!("  drop-in {}", st.drop_in.path);
+                    for d in &st.drop_ins {
+                        println!("  drop-in {}", d.path);
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -118,7 +120,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         for f in &s.files {
                             println!("  {:<7} {}", f.kind, f.path);
                         }
-                        println!("  drop-in {}", s.drop_in.path);
+                        for d in &s.drop_ins {
+                            println!("  drop-in {}  (for {})", d.path, d.runtime_config);
+                        }
                         if st.problems.is_empty() {
                             println!("healthy: every file and the drop-in match the state");
                         } else {
