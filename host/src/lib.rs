@@ -141,9 +141,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             runtime()?.block_on(webhook::serve(&args, policy))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Daemon { action, config, registry, node, ready_file, poll_interval } => {
+        Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
                 bail!("--poll-interval must be at least 0.1 seconds");
+            }
+            if !(start_jitter.is_finite() && (0.0..=3600.0).contains(&start_jitter)) {
+                bail!("--start-jitter must be between 0 and 3600 seconds, got {start_jitter}");
             }
             let policy = load_policy(&g)?;
             let d = daemon::Daemon {
@@ -153,6 +156,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),
+                start_jitter: Duration::from_secs_f64(start_jitter),
             };
             runtime()?.block_on(d.run(&policy))?;
             Ok(ExitCode::SUCCESS)
