@@ -17,6 +17,7 @@ pub mod progress;
 pub mod source;
 pub mod state;
 pub mod trust;
+pub mod webhook;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -142,6 +143,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 },
             }
             Ok(ExitCode::from(st.exit_code()))
+        }
+        Command::Webhook(args) => {
+            let policy = load_policy(&g)?;
+            runtime()?.block_on(webhook::serve(&args, policy))?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
