@@ -88,15 +88,13 @@ fn target(root: &Root, plan: &Plan) -> Result<Target> {
 }
 
 /// The image reference of a plan, in the fetch layer's terms.
-pub fn image_ref(plan: &Plan) -> ImageRef {
+pub fn image_ref(plan: &Plan) -> Result<ImageRef> {
     match &plan.source {
-        ImageSource::Registry(r) => ImageRef::Registry {
-            registry: r.registry.clone(),
-            repository: r.repository.clone(),
-            tag: r.tag.clone(),
-            digest: r.digest.clone(),
-        },
-        ImageSource::Layout(l) => ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() },
+        // The guest validated the reference; the host's one parser checks it again.
+        ImageSource::Registry(r) => {
+            ImageRef::registry(&r.registry, &r.repository, r.tag.as_deref(), r.digest.as_deref())
+        }
+        ImageSource::Layout(l) => Ok(ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() }),
     }
 }
 
@@ -128,7 +126,7 @@ pub async fn install(
         "resolved runtime config"
     );
     let old = state::read(&t.addons)?;
-    let image = image_ref(plan);
+    let image = image_ref(plan)?;
 
     // One connection per endpoint for resolving and fetching: authenticate once.
     let conns = fetch::Connections::new();

@@ -43,9 +43,9 @@ pub fn policy_options(g: &GlobalArgs) -> Result<PolicyOptions> {
     })
 }
 
-/// Loads the policy selected by `--policy` (or the embedded one).
+/// Loads the policy component selected by `--policy-component` (or the embedded one).
 pub fn load_policy(g: &GlobalArgs) -> Result<Policy> {
-    Policy::load(g.policy.as_deref(), policy_options(g)?)
+    Policy::load(g.policy_component.as_deref(), policy_options(g)?)
 }
 
 /// Runs one command; the exit code for success paths, an error otherwise.
@@ -61,7 +61,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy { command: PolicyCommand::Export { file } } => {
-            let bytes = match &g.policy {
+            let bytes = match &g.policy_component {
                 Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
                 None => GUEST_WASM.to_vec(),
             };
@@ -69,15 +69,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             eprintln!("wrote {} ({} bytes)", file.display(), bytes.len());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Fetch { image, paths, dest, registry } => {
-            runtime()?.block_on(fetch::run_fetch(&image, &paths, &dest, &registry))?;
+        Command::Fetch { image, paths, dest, registry, root } => {
+            runtime()?.block_on(fetch::run_fetch(&image, &paths, &dest, &registry, &root))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Install { config, registry, node } => {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
             let (_, plan) = preview::plan(&policy, &input)?;
-            let opts = source::RegistryOptions::from_args(&registry)?;
+            let opts = source::RegistryOptions::from_args(&registry, &node.root)?;
             match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
                 install::Outcome::UpToDate(st) => {
                     println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest)
@@ -139,7 +139,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let d = daemon::Daemon {
                 action,
                 config,
-                registry: source::RegistryOptions::from_args(&registry)?,
+                registry: source::RegistryOptions::from_args(&registry, &node.root)?,
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),

@@ -1,21 +1,18 @@
-//! Registry access through `oci-client`: auth up front, manifests with a size cap,
-//! layer blobs streamed with resume on transient failures.
+//! Registry access over one [`Session`] per endpoint: manifests with a size cap, layer
+//! blobs streamed with resume on transient failures.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use oci_client::client::{BlobResponse, Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::OciDistributionError;
-use oci_client::manifest::OciDescriptor;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Reference, RegistryOperation};
-
-use super::auth::Credentials;
+use super::auth::AuthLookup;
+use super::certs::HostTls;
+use super::endpoints::Endpoint;
 use super::manifest::{self, Parsed};
-use super::registries_conf::Endpoint;
+use super::session::Session;
 use super::{Descriptor, MAX_MANIFEST_SIZE, RegistryOptions, ResolvedImage};
 
 /// Whether a failure is worth retrying.
@@ -37,7 +34,8 @@ impl Failure {
 
 const TIMED_OUT: &str = "timed out: no response or progress from the registry";
 
-fn classify_reqwest(e: reqwest::Error) -> Failure {
+/// Classifies a transport error (connect, timeout, body) as transient, others as fatal.
+pub fn classify_reqwest(e: reqwest::Error) -> Failure {
     if e.is_timeout() {
         return Failure::Transient(anyhow::Error::new(e).context(TIMED_OUT));
     }
@@ -45,20 +43,6 @@ fn classify_reqwest(e: reqwest::Error) -> Failure {
         Failure::Transient(anyhow::Error::new(e))
     } else {
         Failure::Fatal(anyhow::Error::new(e))
-    }
-}
-
-fn classify_oci(e: OciDistributionError) -> Failure {
-    match e {
-        OciDistributionError::RequestError(r) => classify_reqwest(r),
-        OciDistributionError::ServerError { code, .. } if code >= 500 || code == 429 => {
-            Failure::Transient(anyhow::Error::new(e))
-        }
-        OciDistributionError::RegistryError { .. } if format!("{e:?}").contains("Toomanyrequests") => {
-            Failure::Transient(anyhow::Error::new(e))
-        }
-        OciDistributionError::IoError(io) => classify_io(io),
-        other => Failure::Fatal(anyhow::Error::new(other)),
     }
 }
 
@@ -111,141 +95,44 @@ where
     }
 }
 
-/// One registry endpoint (primary or mirror) with authenticated clients.
+/// One registry endpoint (source or mirror) with an authenticated session.
 pub struct RegistryClient {
-    endpoint: Endpoint,
-    client: oci_client::Client,
-    http: reqwest::Client,
-    reference: Reference,
-    creds: Option<Credentials>,
-    bearer: Option<String>,
+    session: Arc<Session>,
     opts: RegistryOptions,
 }
 
 impl RegistryClient {
     /// Name for messages: `host/repository`.
     pub fn name(&self) -> String {
-        format!("{}/{}", self.endpoint.host, self.endpoint.repository)
+        self.session.name()
     }
 
-    fn scheme(&self) -> &'static str {
-        if self.endpoint.insecure { "http" } else { "https" }
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.session.endpoint
     }
 
-    fn host(&self) -> &str {
-        self.reference.resolve_registry()
+    /// Connects to `endpoint` with its TLS material and credentials, and authenticates (pull scope).
+    pub async fn connect(opts: &RegistryOptions, endpoint: &Endpoint, tls: &HostTls, auth: AuthLookup) -> Result<Self> {
+        let session = Session::connect(opts, endpoint, tls, auth).await?;
+        Ok(RegistryClient { session: Arc::new(session), opts: opts.clone() })
     }
 
-    /// Builds the clients for `endpoint` and authenticates (pull scope).
-    pub async fn connect(opts: &RegistryOptions, endpoint: &Endpoint, certs: &[Vec<u8>]) -> Result<Self> {
-        let reference = Reference::with_tag(endpoint.host.clone(), endpoint.repository.clone(), "latest".to_string());
-        let resolved_host = reference.resolve_registry().to_string();
-        let protocol = if endpoint.insecure {
-            ClientProtocol::HttpsExcept(vec![resolved_host.clone()])
-        } else {
-            ClientProtocol::Https
-        };
-        let config = ClientConfig {
-            protocol,
-            extra_root_certificates: certs
-                .iter()
-                .map(|d| Certificate { encoding: CertificateEncoding::Der, data: d.clone() })
-                .collect(),
-            read_timeout: Some(opts.timeout),
-            connect_timeout: Some(opts.timeout),
-            platform_resolver: None,
-            ..ClientConfig::default()
-        };
-        let client = oci_client::Client::try_from(config)
-            .with_context(|| format!("registry {}: cannot build HTTP client", endpoint.host))?;
-        let mut http = reqwest::Client::builder()
-            .read_timeout(opts.timeout)
-            .connect_timeout(opts.timeout)
-            .redirect(reqwest::redirect::Policy::limited(5))
-            .user_agent(concat!("kata-addons/", env!("CARGO_PKG_VERSION")));
-        let extra: Vec<reqwest::Certificate> = certs
-            .iter()
-            .map(|d| reqwest::Certificate::from_der(d))
-            .collect::<Result<_, _>>()
-            .context("--cert-dir: invalid certificate")?;
-        if !extra.is_empty() {
-            http = http.tls_certs_merge(extra);
-        }
-        let http = http.build().with_context(|| format!("registry {}: cannot build HTTP client", endpoint.host))?;
-        let creds = super::auth::lookup(opts.auth_file.as_deref(), &endpoint.host, &endpoint.repository)
-            .with_context(|| format!("registry {}: reading credentials", endpoint.host))?;
-        let mut me = RegistryClient {
-            endpoint: endpoint.clone(),
-            client,
-            http,
-            reference,
-            creds,
-            bearer: None,
-            opts: opts.clone(),
-        };
-        me.authenticate().await?;
-        Ok(me)
-    }
-
-    async fn authenticate(&mut self) -> Result<()> {
-        let auth = match &self.creds {
-            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
-            None => RegistryAuth::Anonymous,
-        };
-        let who = match &self.creds {
-            Some(c) => format!("user {:?} from {}", c.username, c.source),
-            None => "anonymous access (no credentials found)".to_string(),
-        };
-        let name = self.name();
-        let what = format!("registry {name}: authentication");
-        let token = with_retry(&self.opts, &what, || async {
-            match self.client.auth(&self.reference, &auth, RegistryOperation::Pull).await {
-                Ok(t) => Ok(t),
-                Err(OciDistributionError::AuthenticationFailure(reason)) => {
-                    Err(Failure::Fatal(anyhow!("authentication failed for {who}: {}", reason.trim())))
-                }
-                Err(e) => Err(classify_oci(e)),
-            }
-        })
-        .await?;
-        self.bearer = token;
-        if self.bearer.is_none() {
-            // Basic auth (or none): oci-client does not check the password; ask /v2/.
-            let url = format!("{}://{}/v2/", self.scheme(), self.host());
-            let status = with_retry(&self.opts, &what, || async {
-                let resp = self.authorize(self.http.get(&url)).send().await.map_err(classify_reqwest)?;
-                let status = resp.status();
-                if status.is_server_error() || status.as_u16() == 429 {
-                    return Err(Failure::Transient(anyhow!("{url}: HTTP {status}")));
-                }
-                Ok(status)
-            })
-            .await?;
-            if status.as_u16() == 401 {
-                bail!(
-                    "registry {name}: authentication failed for {who}: the registry refused the credentials (HTTP 401)"
-                );
-            }
-        }
-        Ok(())
-    }
-
-    fn authorize(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match (&self.bearer, &self.creds) {
-            (Some(t), _) => rb.bearer_auth(t),
-            (None, Some(c)) => rb.basic_auth(&c.username, Some(&c.password)),
-            (None, None) => rb,
-        }
+    /// Fetches a manifest by tag or digest (capped at [`MAX_MANIFEST_SIZE`], digest-checked when
+    /// `expect` is given): body, its digest, and the `Content-Type`.
+    pub async fn get_manifest(&self, reference: &str, expect: Option<&str>) -> Result<(Vec<u8>, String, Option<String>)> {
+        self.fetch_manifest(reference, expect).await
     }
 
     /// Fetches one manifest (by tag or digest), capped and digest-checked.
     async fn fetch_manifest(&self, reference: &str, expect: Option<&str>) -> Result<(Vec<u8>, String, Option<String>)> {
-        let url = format!("{}://{}/v2/{}/manifests/{reference}", self.scheme(), self.host(), self.endpoint.repository);
+        let url = self.session.url(&format!("manifests/{reference}"));
         let name = self.name();
         let what = format!("registry {name}: manifest {reference}");
         let (body, content_type, header_digest) = with_retry(&self.opts, &what, || async {
             let resp = self
-                .authorize(self.http.get(&url))
+                .session
+                .get(&url)
                 .header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "))
                 .send()
                 .await
@@ -256,13 +143,7 @@ impl RegistryClient {
             }
             match status.as_u16() {
                 200 => {}
-                401 => {
-                    let who = match &self.creds {
-                        Some(c) => format!("authentication failed for user {:?} from {}", c.username, c.source),
-                        None => "authentication required and no credentials found".to_string(),
-                    };
-                    return Err(Failure::Fatal(anyhow!("{who} (HTTP 401)")));
-                }
+                401 => return Err(Failure::Fatal(self.session.unauthorized())),
                 403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
                 404 => return Err(Failure::Fatal(anyhow!("manifest unknown (HTTP 404)"))),
                 _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
@@ -315,7 +196,7 @@ impl RegistryClient {
             let what = format!("{origin} ({first})");
             match manifest::parse(&body, ct.as_deref(), &self.opts.platform, &what)? {
                 Parsed::Manifest(layers) => {
-                    return Ok(ResolvedImage { manifest_digest: dgst, layers, origin });
+                    return Ok(ResolvedImage { manifest_digest: dgst, layers, origin, endpoint: Some(self.endpoint().clone()) });
                 }
                 Parsed::Index(d) => {
                     if d.size > MAX_MANIFEST_SIZE {
@@ -334,14 +215,8 @@ impl RegistryClient {
     /// Opens a layer blob for streaming.
     pub fn open_blob(&self, desc: &Descriptor) -> RegistryBlob {
         RegistryBlob {
-            client: self.client.clone(),
-            reference: self.reference.clone(),
-            desc: OciDescriptor {
-                media_type: desc.media_type.clone(),
-                digest: desc.digest.clone(),
-                size: i64::try_from(desc.size).unwrap_or(i64::MAX),
-                ..OciDescriptor::default()
-            },
+            session: self.session.clone(),
+            desc: desc.clone(),
             name: self.name(),
             opts: self.opts.clone(),
             offset: 0,
@@ -355,9 +230,8 @@ impl RegistryClient {
 /// A layer blob streamed from a registry; reconnects with a `Range` request after
 /// transient failures (the caller's hash covers every byte exactly once).
 pub struct RegistryBlob {
-    client: oci_client::Client,
-    reference: Reference,
-    desc: OciDescriptor,
+    session: Arc<Session>,
+    desc: Descriptor,
     name: String,
     opts: RegistryOptions,
     offset: u64,
@@ -372,22 +246,38 @@ impl RegistryBlob {
     }
 
     async fn reopen(&mut self) -> std::result::Result<(), Failure> {
-        let resp = self
-            .client
-            .pull_blob_stream_partial(&self.reference, &self.desc, self.offset, None)
-            .await
-            .map_err(classify_oci)?;
-        match resp {
-            BlobResponse::Partial(s) => {
-                self.skip = 0;
-                self.stream = Some(s.stream);
+        let url = self.session.url(&format!("blobs/{}", self.desc.digest));
+        let mut reauthenticated = false;
+        let resp = loop {
+            let mut rb = self.session.get(&url);
+            if self.offset > 0 {
+                rb = rb.header(reqwest::header::RANGE, format!("bytes={}-", self.offset));
             }
-            BlobResponse::Full(s) => {
-                // Range ignored: skip what was already consumed.
-                self.skip = self.offset;
-                self.stream = Some(s.stream);
+            let resp = rb.send().await.map_err(classify_reqwest)?;
+            let status = resp.status().as_u16();
+            if status == 401 && !reauthenticated {
+                // An expired token: ask for a new one, once.
+                reauthenticated = self.session.reauthenticate().await.map_err(Failure::Fatal)?;
+                if reauthenticated {
+                    continue;
+                }
             }
+            break resp;
+        };
+        let status = resp.status();
+        if status.is_server_error() || matches!(status.as_u16(), 408 | 429) {
+            return Err(Failure::Transient(anyhow!("HTTP {status}")));
         }
+        match status.as_u16() {
+            206 => self.skip = 0,
+            // Range ignored: skip what was already consumed.
+            200 => self.skip = self.offset,
+            401 => return Err(Failure::Fatal(self.session.unauthorized())),
+            403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
+            404 => return Err(Failure::Fatal(anyhow!("blob unknown (HTTP 404)"))),
+            _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
+        }
+        self.stream = Some(resp.bytes_stream().map(|r| r.map_err(std::io::Error::other)).boxed());
         Ok(())
     }
 
