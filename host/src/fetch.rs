@@ -13,6 +13,7 @@ use crate::extract::layer::{self, Capture, Compression, LayerJob, Mode, TMP_PREF
 use crate::extract::{LayerIndex, Resolution, View, check_wanted_path};
 use crate::source::endpoints::{Endpoint, NodeConfig};
 use crate::source::registry::RegistryClient;
+use crate::source::retry::RetryBudget;
 use crate::source::{BlobReader, Descriptor, ImageRef, RegistryOptions, ResolvedImage, layout};
 
 /// One file to take out of the image.
@@ -77,10 +78,12 @@ fn check_dest_name(n: &str) -> Result<()> {
 /// resolving an image and then fetching from it connects and authenticates once. Building a
 /// client loads the system CA roots, which costs milliseconds each time. The node
 /// configuration (registries.conf, certs.d, auth files) is read once per `Connections`.
+/// They share one retry budget: a `Connections` is one pull.
 #[derive(Default)]
 pub struct Connections {
     clients: std::sync::Mutex<HashMap<String, Arc<RegistryClient>>>,
     config: std::sync::Mutex<Option<Arc<NodeConfig>>>,
+    budget: std::sync::OnceLock<Arc<RetryBudget>>,
 }
 
 impl Connections {
@@ -113,7 +116,8 @@ impl Connections {
         let config = self.config(opts)?;
         let tls = config.tls_for(ep)?;
         let auth = config.auth_for(ep)?;
-        let client = Arc::new(RegistryClient::connect(opts, ep, &tls, auth).await?);
+        let budget = self.budget.get_or_init(|| Arc::new(RetryBudget::new(opts.retry.clone()))).clone();
+        let client = Arc::new(RegistryClient::connect(opts, ep, &tls, auth, budget).await?);
         if let Ok(mut m) = self.clients.lock() {
             m.insert(key, client.clone());
         }

@@ -300,22 +300,19 @@ fn cases() -> Vec<Case> {
         )),
     );
     v.push(
-        case("secure_mirror_fails_then_source", "{S}/lib/kernel:1", true)
-            .conf("[[registry]]\nlocation = \"{S}\"\ninsecure = true\n[[registry.mirror]]\nlocation = \"{M}/mirror\"\n"),
-    );
-    v.push(
-        case("wildcard_prefix_mirror", "reg.example.test/lib/kernel:1", true).conf(
-            "[[registry]]\nprefix = \"*.example.test\"\n[[registry.mirror]]\nlocation = \"{M}/mirror\"\ninsecure = true\n",
+        case("secure_mirror_fails_then_source", "{S}/lib/kernel:1", true).conf(
+            "[[registry]]\nlocation = \"{S}\"\ninsecure = true\n[[registry.mirror]]\nlocation = \"{M}/mirror\"\n",
         ),
     );
-    v.push(
-        case("longest_prefix_wins", "{S}/lib/kernel:1", true)
-            .conf("[[registry]]\nlocation = \"{S}\"\nblocked = true\n\n[[registry]]\nlocation = \"{S}/lib\"\ninsecure = true\n"),
-    );
-    v.push(
-        case("longest_prefix_wins_blocked", "{S}/lib/kernel:1", false)
-            .conf("[[registry]]\nlocation = \"{S}\"\ninsecure = true\n\n[[registry]]\nlocation = \"{S}/lib\"\nblocked = true\n"),
-    );
+    v.push(case("wildcard_prefix_mirror", "reg.example.test/lib/kernel:1", true).conf(
+        "[[registry]]\nprefix = \"*.example.test\"\n[[registry.mirror]]\nlocation = \"{M}/mirror\"\ninsecure = true\n",
+    ));
+    v.push(case("longest_prefix_wins", "{S}/lib/kernel:1", true).conf(
+        "[[registry]]\nlocation = \"{S}\"\nblocked = true\n\n[[registry]]\nlocation = \"{S}/lib\"\ninsecure = true\n",
+    ));
+    v.push(case("longest_prefix_wins_blocked", "{S}/lib/kernel:1", false).conf(
+        "[[registry]]\nlocation = \"{S}\"\ninsecure = true\n\n[[registry]]\nlocation = \"{S}/lib\"\nblocked = true\n",
+    ));
     // registries.conf.d
     v.push(
         case("drop_in_replaces_main_entry", "{S}/lib/kernel:1", true)
@@ -389,21 +386,31 @@ fn tls_cases(w: &World) -> Vec<Case> {
     };
     let mut v = Vec::new();
     v.push(both(case("certs_d_host_ca", "{T}/lib/kernel:1", true), "{T}/ca.crt", &ca));
-    v.push(both(case("certs_d_other_host_ca_not_trusted", "{T}/lib/kernel:1", false), "other.example:5000/ca.crt", &ca));
     v.push(both(
-        both(case("certs_d_bad_crt_warned_and_ignored", "{T}/lib/kernel:1", true), "{T}/ca.crt", &ca),
-        "{T}/0-bad.crt",
-        &garbage,
-    )
-    .says("0-bad.crt"));
+        case("certs_d_other_host_ca_not_trusted", "{T}/lib/kernel:1", false),
+        "other.example:5000/ca.crt",
+        &ca,
+    ));
+    v.push(
+        both(
+            both(case("certs_d_bad_crt_warned_and_ignored", "{T}/lib/kernel:1", true), "{T}/ca.crt", &ca),
+            "{T}/0-bad.crt",
+            &garbage,
+        )
+        .says("0-bad.crt"),
+    );
     v.push(both(
         both(case("certs_d_other_host_broken_no_effect", "{T}/lib/kernel:1", true), "{T}/ca.crt", &ca),
         "other.example/client.cert",
         &cert,
     ));
     v.push(
-        both(both(case("certs_d_cert_without_key_fails_host", "{T}/lib/kernel:1", false), "{T}/ca.crt", &ca), "{T}/client.cert", &cert)
-            .says("client.key"),
+        both(
+            both(case("certs_d_cert_without_key_fails_host", "{T}/lib/kernel:1", false), "{T}/ca.crt", &ca),
+            "{T}/client.cert",
+            &cert,
+        )
+        .says("client.key"),
     );
     v.push(both(
         both(both(case("mtls_client_cert", "{MT}/lib/kernel:1", true), "{MT}/ca.crt", &ca), "{MT}/client.cert", &cert),
@@ -498,7 +505,11 @@ fn auth_cases() -> Vec<Case> {
             .conf(&ins)
             .home_file(".config/containers/auth.json", &good("{A}")),
     );
-    v.push(case("auth_docker_config_json", "{A}/lib/kernel:1", true).conf(&ins).home_file(".docker/config.json", &good("{A}")));
+    v.push(
+        case("auth_docker_config_json", "{A}/lib/kernel:1", true)
+            .conf(&ins)
+            .home_file(".docker/config.json", &good("{A}")),
+    );
     v.push(
         case("auth_docker_config_env", "{A}/lib/kernel:1", true)
             .conf(&ins)
@@ -506,30 +517,26 @@ fn auth_cases() -> Vec<Case> {
             .env("DOCKER_CONFIG", "{H}/dc"),
     );
     v.push(
-        case("auth_most_specific_key_wins", "{A}/lib/kernel:1", true)
-            .conf(&ins)
-            .home_file(
-                ".docker/config.json",
-                serde_json::json!({"auths": {
-                    "{A}": {"auth": b64("puller:wrong")},
-                    "{A}/lib": {"auth": b64("puller:s3cret")},
-                }})
-                .to_string()
-                .as_bytes(),
-            ),
+        case("auth_most_specific_key_wins", "{A}/lib/kernel:1", true).conf(&ins).home_file(
+            ".docker/config.json",
+            serde_json::json!({"auths": {
+                "{A}": {"auth": b64("puller:wrong")},
+                "{A}/lib": {"auth": b64("puller:s3cret")},
+            }})
+            .to_string()
+            .as_bytes(),
+        ),
     );
     v.push(
-        case("auth_most_specific_key_wins_refused", "{A}/lib/kernel:1", false)
-            .conf(&ins)
-            .home_file(
-                ".docker/config.json",
-                serde_json::json!({"auths": {
-                    "{A}": {"auth": b64("puller:s3cret")},
-                    "{A}/lib/kernel": {"auth": b64("puller:wrong")},
-                }})
-                .to_string()
-                .as_bytes(),
-            ),
+        case("auth_most_specific_key_wins_refused", "{A}/lib/kernel:1", false).conf(&ins).home_file(
+            ".docker/config.json",
+            serde_json::json!({"auths": {
+                "{A}": {"auth": b64("puller:s3cret")},
+                "{A}/lib/kernel": {"auth": b64("puller:wrong")},
+            }})
+            .to_string()
+            .as_bytes(),
+        ),
     );
     v.push(
         case("auth_cred_helper_named_on_401", "{A}/lib/kernel:1", false)
@@ -595,12 +602,7 @@ fn same_decision_as_skopeo() {
             }
         }
     }
-    eprintln!(
-        "{} cases, {} compared with skopeo, {:.1} s",
-        all.len(),
-        compared,
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("{} cases, {} compared with skopeo, {:.1} s", all.len(), compared, started.elapsed().as_secs_f64());
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n\n"));
 }
 
@@ -665,5 +667,9 @@ fn install_root_idms_mirror_with_node_pull_secret() {
     assert!(o.status.success(), "{}", show(&o));
     let kernel = node.qemu_key("se", "kernel").expect("kernel configured");
     assert_eq!(std::fs::read(node.path(&kernel)).expect("installed kernel"), KERNEL);
-    assert!(!mirror.requests_matching(&format!("/v2/mirror/org/kernel/manifests/{digest}")).is_empty(), "{}", mirror.log());
+    assert!(
+        !mirror.requests_matching(&format!("/v2/mirror/org/kernel/manifests/{digest}")).is_empty(),
+        "{}",
+        mirror.log()
+    );
 }

@@ -196,7 +196,11 @@ fn decode(entry: &AuthEntry, source: String) -> Result<Option<Credentials>> {
         let Some((u, p)) = s.split_once(':') else {
             bail!("{source}: \"auth\" does not decode to user:password");
         };
-        return Ok(Some(Credentials { username: u.to_string(), password: p.trim_end_matches('\n').to_string(), source }));
+        return Ok(Some(Credentials {
+            username: u.to_string(),
+            password: p.trim_end_matches('\n').to_string(),
+            source,
+        }));
     }
     // Kubernetes-style entries with separate fields (kubelet reads these too).
     match (&entry.username, &entry.password) {

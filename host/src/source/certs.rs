@@ -180,7 +180,8 @@ mod tests {
         std::fs::create_dir_all(&a).unwrap();
         std::fs::create_dir_all(&b).unwrap();
         std::fs::write(a.join("client.cert"), "x").unwrap();
-        std::fs::write(b.join("bad.crt"), "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n").unwrap();
+        std::fs::write(b.join("bad.crt"), "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+            .unwrap();
         let s = CertSources { per_host: vec![d.path().to_path_buf()], ..CertSources::default() };
         let e = format!("{:#}", s.for_host("a.example:5000").unwrap_err());
         assert!(e.contains("missing key client.key"), "{e}");

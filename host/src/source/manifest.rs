@@ -88,7 +88,8 @@ pub fn parse(body: &[u8], content_type: Option<&str>, platform: &Platform, origi
     if doc.get("layers").is_none_or(|l| l.as_array().is_some_and(|a| a.is_empty())) {
         bail!("{origin}: manifest has no layers");
     }
-    let m: ImageManifest = serde_json::from_value(doc).with_context(|| format!("{origin}: malformed image manifest"))?;
+    let m: ImageManifest =
+        serde_json::from_value(doc).with_context(|| format!("{origin}: malformed image manifest"))?;
     descriptor(m.config(), "config")?;
     m.layers()
         .iter()

@@ -11,6 +11,7 @@ pub mod manifest;
 pub mod reference;
 pub mod registries_conf;
 pub mod registry;
+pub mod retry;
 pub mod session;
 
 use std::fmt;
@@ -120,10 +121,8 @@ pub struct RegistryOptions {
     pub platform: Platform,
     /// Longest wait for any registry response or progress.
     pub timeout: Duration,
-    /// How many times a transient failure is tried in all.
-    pub attempts: u32,
-    /// First retry delay (doubles each time).
-    pub backoff: Duration,
+    /// Retries of transient failures (backoff, `Retry-After`, per-pull budget).
+    pub retry: retry::RetryPolicy,
     /// Extraction size limits.
     pub limits: Limits,
 }
@@ -134,8 +133,7 @@ impl Default for RegistryOptions {
             node: endpoints::NodeFiles::default(),
             platform: Platform::current(),
             timeout: Duration::from_secs(30),
-            attempts: 5,
-            backoff: Duration::from_millis(250),
+            retry: retry::RetryPolicy::default(),
             limits: Limits::default(),
         }
     }
@@ -162,6 +160,11 @@ impl RegistryOptions {
             },
             platform,
             timeout: Duration::from_secs(args.timeout),
+            retry: retry::RetryPolicy {
+                max_retries: args.retries,
+                max_wait: Duration::from_secs(args.retry_budget),
+                ..retry::RetryPolicy::default()
+            },
             ..RegistryOptions::default()
         })
     }

@@ -130,18 +130,18 @@ pub fn valid_domain(d: &str) -> bool {
 pub fn split_name(name: &str) -> Result<(String, String)> {
     let (registry, repository) = match name.split_once('/') {
         Some((host, rest))
-            if host.contains('.') || host.contains(':') || host == "localhost" || host.bytes().any(|b| b.is_ascii_uppercase()) =>
+            if host.contains('.')
+                || host.contains(':')
+                || host == "localhost"
+                || host.bytes().any(|b| b.is_ascii_uppercase()) =>
         {
             (host.to_string(), rest.to_string())
         }
         _ => (DOCKER_HUB.to_string(), name.to_string()),
     };
     let registry = if registry == "index.docker.io" { DOCKER_HUB.to_string() } else { registry };
-    let repository = if registry == DOCKER_HUB && !repository.contains('/') {
-        format!("library/{repository}")
-    } else {
-        repository
-    };
+    let repository =
+        if registry == DOCKER_HUB && !repository.contains('/') { format!("library/{repository}") } else { repository };
     if !valid_domain(&registry) {
         bail!("invalid registry {registry:?} in {name:?}");
     }

@@ -245,7 +245,9 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
         if let Some(s) = v1.search.as_ref().and_then(|l| l.registries.as_ref())
             && !s.is_empty()
         {
-            tracing::debug!("{f}: [registries.search] applies to short names only; every reference here is fully qualified");
+            tracing::debug!(
+                "{f}: [registries.search] applies to short names only; every reference here is fully qualified"
+            );
         }
     }
     if let Some(list) = &raw.unqualified_search_registries {
@@ -256,7 +258,9 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
                 bail!("{what}: invalid entry {r:?} (must be host[:port])");
             }
         }
-        tracing::debug!("{f}: unqualified-search-registries applies to short names only; every reference here is fully qualified");
+        tracing::debug!(
+            "{f}: unqualified-search-registries applies to short names only; every reference here is fully qualified"
+        );
     }
     if let Some(m) = &raw.short_name_mode
         && !matches!(m.as_str(), "" | "disabled" | "enforcing" | "permissive")
@@ -396,7 +400,9 @@ impl RegistriesConf {
         }
         if let Some(dir) = drop_in_dir {
             let entries = match std::fs::read_dir(dir) {
-                Ok(rd) => rd.collect::<std::io::Result<Vec<_>>>().with_context(|| format!("reading {}", dir.display()))?,
+                Ok(rd) => {
+                    rd.collect::<std::io::Result<Vec<_>>>().with_context(|| format!("reading {}", dir.display()))?
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
                 Err(e) => return Err(e).with_context(|| format!("reading registries.conf.d {}", dir.display())),
             };
@@ -501,7 +507,8 @@ impl RegistriesConf {
         let matched = matching_prefix(&name, &r.prefix).context("internal: prefix no longer matches")?;
         let mut out = Vec::new();
         for (ep, mirror) in eps {
-            let rewritten = if ep.location.is_empty() { name.clone() } else { format!("{}{}", ep.location, &name[matched..]) };
+            let rewritten =
+                if ep.location.is_empty() { name.clone() } else { format!("{}{}", ep.location, &name[matched..]) };
             let (host, repository) = reference::split_name(&rewritten).with_context(|| {
                 format!("{}: rewriting {name:?} to location {:?} gives an invalid reference", r.describe(), ep.location)
             })?;
@@ -583,21 +590,31 @@ location = "m.example.org:443"
         assert!(bad("[[registry]]\ninsecure = true\n").contains("both location and prefix are unset"));
         assert!(bad("[[registry]]\nprefix = \"a.io\"\n").contains("location is unset"));
         assert!(bad("[[registry]]\nlocation = \"https://a.io\"\n").contains("URI schemes"));
-        assert!(bad("[registries.block]\nregistries = [\"a.io\"]\n[[registry]]\nlocation = \"b.io\"\n").contains("mixes"));
+        assert!(
+            bad("[registries.block]\nregistries = [\"a.io\"]\n[[registry]]\nlocation = \"b.io\"\n").contains("mixes")
+        );
         assert!(
             bad("[[registry]]\nlocation = \"a.io\"\nmirror-by-digest-only = true\n[[registry.mirror]]\nlocation = \"m\"\npull-from-mirror = \"all\"\n")
                 .contains("cannot be set at the same time")
         );
-        assert!(bad("[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m\"\npull-from-mirror = \"x\"\n").contains("unsupported"));
+        assert!(
+            bad("[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m\"\npull-from-mirror = \"x\"\n")
+                .contains("unsupported")
+        );
         assert!(bad("[[registry]]\nprefix = \"*.a.io/x\"\n").contains("wildcard"));
-        assert!(bad("[[registry]]\nlocation = \"a.io\"\n[[registry]]\nlocation = \"a.io\"\ninsecure = true\n").contains("conflicting"));
+        assert!(
+            bad("[[registry]]\nlocation = \"a.io\"\n[[registry]]\nlocation = \"a.io\"\ninsecure = true\n")
+                .contains("conflicting")
+        );
         assert!(bad("short-name-mode = \"x\"\n").contains("short-name-mode"));
         assert!(bad("[[registry]]\nlocation = \"a.io\"\npull-from-mirror = \"all\"\n").contains("only in"));
     }
 
     #[test]
     fn v1_and_blocked() {
-        let c = conf("[registries.block]\nregistries = [\"bad.io\"]\n[registries.insecure]\nregistries = [\"ins.io:5000\"]\n");
+        let c = conf(
+            "[registries.block]\nregistries = [\"bad.io\"]\n[registries.insecure]\nregistries = [\"ins.io:5000\"]\n",
+        );
         assert!(c.find("bad.io/x").is_some_and(|r| r.blocked));
         assert_eq!(hosts(&c, "ins.io:5000", "x", false), ["ins.io:5000/x (insecure)"]);
         assert!(c.find("other.io/x").is_none());
@@ -610,10 +627,16 @@ location = "m.example.org:443"
         std::fs::write(&main, "[[registry]]\nlocation = \"a.io\"\nblocked = true\n").unwrap();
         let dir = d.path().join("registries.conf.d");
         std::fs::create_dir(&dir).unwrap();
-        std::fs::write(dir.join("10-x.conf"), "[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m1\"\n")
-            .unwrap();
-        std::fs::write(dir.join("20-y.conf"), "[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m2\"\n")
-            .unwrap();
+        std::fs::write(
+            dir.join("10-x.conf"),
+            "[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m1\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("20-y.conf"),
+            "[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m2\"\n",
+        )
+        .unwrap();
         std::fs::write(dir.join("ignored.txt"), "garbage").unwrap();
         let c = RegistriesConf::load(&main, true, Some(&dir)).unwrap();
         let r = c.find("a.io/x").unwrap();

@@ -1,104 +1,26 @@
-//! Registry access over one [`Session`] per endpoint: manifests with a size cap, layer
-//! blobs streamed with resume on transient failures.
+//! Registry access over one [`Session`] per endpoint (TLS per certs.d, auth flows):
+//! manifests (with a size cap) and layer blobs (streamed, resumed with `Range` on transient
+//! failures) through our own reqwest client, which sees status codes and `Retry-After`.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail};
 use bytes::Bytes;
 use futures_util::StreamExt;
+
 use super::auth::AuthLookup;
 use super::certs::HostTls;
 use super::endpoints::Endpoint;
 use super::manifest::{self, Parsed};
+use super::retry::{Failure, RetryBudget, classify_reqwest, status_failure, with_retry};
 use super::session::Session;
 use super::{Descriptor, MAX_MANIFEST_SIZE, RegistryOptions, ResolvedImage};
-
-/// Whether a failure is worth retrying.
-#[derive(Debug)]
-pub enum Failure {
-    /// Connection error, timeout, 5xx, 429.
-    Transient(anyhow::Error),
-    /// Anything else.
-    Fatal(anyhow::Error),
-}
-
-impl Failure {
-    fn into_inner(self) -> anyhow::Error {
-        match self {
-            Failure::Transient(e) | Failure::Fatal(e) => e,
-        }
-    }
-}
-
-const TIMED_OUT: &str = "timed out: no response or progress from the registry";
-
-/// Classifies a transport error (connect, timeout, body) as transient, others as fatal.
-pub fn classify_reqwest(e: reqwest::Error) -> Failure {
-    if e.is_timeout() {
-        return Failure::Transient(anyhow::Error::new(e).context(TIMED_OUT));
-    }
-    if e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() || e.is_decode() {
-        Failure::Transient(anyhow::Error::new(e))
-    } else {
-        Failure::Fatal(anyhow::Error::new(e))
-    }
-}
-
-fn classify_io(e: std::io::Error) -> Failure {
-    if let Some(r) = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>())
-        && r.is_timeout()
-    {
-        return Failure::Transient(anyhow::Error::new(e).context(TIMED_OUT));
-    }
-    let transient = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()).is_some()
-        || matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::UnexpectedEof
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::TimedOut
-        );
-    if transient { Failure::Transient(anyhow::Error::new(e)) } else { Failure::Fatal(anyhow::Error::new(e)) }
-}
-
-/// Runs `f` with a per-attempt timeout, retrying transient failures with exponential backoff.
-pub async fn with_retry<T, F, Fut>(opts: &RegistryOptions, what: &str, mut f: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = std::result::Result<T, Failure>>,
-{
-    let mut delay = opts.backoff;
-    let mut attempt = 1;
-    loop {
-        let res = match tokio::time::timeout(opts.timeout, f()).await {
-            Ok(r) => r,
-            Err(_) => {
-                Err(Failure::Transient(anyhow!("timed out: no response within {} s", opts.timeout.as_secs_f64())))
-            }
-        };
-        match res {
-            Ok(v) => return Ok(v),
-            Err(Failure::Transient(e)) if attempt < opts.attempts => {
-                tracing::warn!("{what}: attempt {attempt} failed, retrying in {delay:?}: {e:#}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-                attempt += 1;
-            }
-            Err(Failure::Transient(e)) => {
-                return Err(e.context(format!("{what}: gave up after {attempt} attempts")));
-            }
-            Err(Failure::Fatal(e)) => return Err(e.context(what.to_string())),
-        }
-    }
-}
 
 /// One registry endpoint (source or mirror) with an authenticated session.
 pub struct RegistryClient {
     session: Arc<Session>,
     opts: RegistryOptions,
+    budget: Arc<RetryBudget>,
 }
 
 impl RegistryClient {
@@ -107,20 +29,37 @@ impl RegistryClient {
         self.session.name()
     }
 
-    /// The endpoint this client talks to.
+    /// The endpoint this client talks to (trust checks fetch signatures from it).
     pub fn endpoint(&self) -> &Endpoint {
         &self.session.endpoint
     }
 
-    /// Connects to `endpoint` with its TLS material and credentials, and authenticates (pull scope).
-    pub async fn connect(opts: &RegistryOptions, endpoint: &Endpoint, tls: &HostTls, auth: AuthLookup) -> Result<Self> {
-        let session = Session::connect(opts, endpoint, tls, auth).await?;
-        Ok(RegistryClient { session: Arc::new(session), opts: opts.clone() })
+    /// The retry budget and the most retries of one request: a mirror gets a few, then the
+    /// next source is tried.
+    fn retries(&self) -> (&RetryBudget, u32) {
+        (&self.budget, retry_limit(self.endpoint()))
+    }
+
+    /// Connects to `endpoint` with its TLS material and credentials and authenticates
+    /// (pull scope); retries of every request made through this client are taken from `budget`.
+    pub async fn connect(
+        opts: &RegistryOptions,
+        endpoint: &Endpoint,
+        tls: &HostTls,
+        auth: AuthLookup,
+        budget: Arc<RetryBudget>,
+    ) -> Result<Self> {
+        let session = Session::connect(opts, endpoint, tls, auth, budget.clone()).await?;
+        Ok(RegistryClient { session: Arc::new(session), opts: opts.clone(), budget })
     }
 
     /// Fetches a manifest by tag or digest (capped at [`MAX_MANIFEST_SIZE`], digest-checked when
     /// `expect` is given): body, its digest, and the `Content-Type`.
-    pub async fn get_manifest(&self, reference: &str, expect: Option<&str>) -> Result<(Vec<u8>, String, Option<String>)> {
+    pub async fn get_manifest(
+        &self,
+        reference: &str,
+        expect: Option<&str>,
+    ) -> Result<(Vec<u8>, String, Option<String>)> {
         self.fetch_manifest(reference, expect).await
     }
 
@@ -129,7 +68,7 @@ impl RegistryClient {
         let url = self.session.url(&format!("manifests/{reference}"));
         let name = self.name();
         let what = format!("registry {name}: manifest {reference}");
-        let (body, content_type, header_digest) = with_retry(&self.opts, &what, || async {
+        let (body, content_type, header_digest) = with_retry(self.retries(), self.opts.timeout, &what, || async {
             let resp = self
                 .session
                 .get(&url)
@@ -138,8 +77,8 @@ impl RegistryClient {
                 .await
                 .map_err(classify_reqwest)?;
             let status = resp.status();
-            if status.is_server_error() || status.as_u16() == 429 {
-                return Err(Failure::Transient(anyhow!("HTTP {status}")));
+            if super::retry::transient_status(status) {
+                return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}")));
             }
             match status.as_u16() {
                 200 => {}
@@ -196,7 +135,12 @@ impl RegistryClient {
             let what = format!("{origin} ({first})");
             match manifest::parse(&body, ct.as_deref(), &self.opts.platform, &what)? {
                 Parsed::Manifest(layers) => {
-                    return Ok(ResolvedImage { manifest_digest: dgst, layers, origin, endpoint: Some(self.endpoint().clone()) });
+                    return Ok(ResolvedImage {
+                        manifest_digest: dgst,
+                        layers,
+                        origin,
+                        endpoint: Some(self.endpoint().clone()),
+                    });
                 }
                 Parsed::Index(d) => {
                     if d.size > MAX_MANIFEST_SIZE {
@@ -213,12 +157,11 @@ impl RegistryClient {
     }
 
     /// Opens a layer blob for streaming.
-    pub fn open_blob(&self, desc: &Descriptor) -> RegistryBlob {
+    pub fn open_blob(self: &Arc<Self>, desc: &Descriptor) -> RegistryBlob {
         RegistryBlob {
-            session: self.session.clone(),
-            desc: desc.clone(),
-            name: self.name(),
-            opts: self.opts.clone(),
+            url: self.session.url(&format!("blobs/{}", desc.digest)),
+            client: self.clone(),
+            digest: desc.digest.clone(),
             offset: 0,
             skip: 0,
             stream: None,
@@ -227,37 +170,40 @@ impl RegistryClient {
     }
 }
 
+/// The most retries of one request to `ep`: a mirror gets a few, then the next source is tried.
+pub fn retry_limit(ep: &Endpoint) -> u32 {
+    if ep.mirror { super::retry::MIRROR_RETRIES } else { u32::MAX }
+}
+
 /// A layer blob streamed from a registry; reconnects with a `Range` request after
 /// transient failures (the caller's hash covers every byte exactly once).
 pub struct RegistryBlob {
-    session: Arc<Session>,
-    desc: Descriptor,
-    name: String,
-    opts: RegistryOptions,
+    client: Arc<RegistryClient>,
+    url: String,
+    digest: String,
     offset: u64,
     skip: u64,
-    stream: Option<futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>>,
+    stream: Option<futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>>,
     failures: u32,
 }
 
 impl RegistryBlob {
     fn what(&self) -> String {
-        format!("registry {}: blob {}", self.name, self.desc.digest)
+        format!("registry {}: blob {}", self.client.name(), self.digest)
     }
 
     async fn reopen(&mut self) -> std::result::Result<(), Failure> {
-        let url = self.session.url(&format!("blobs/{}", self.desc.digest));
+        let session = &self.client.session;
         let mut reauthenticated = false;
         let resp = loop {
-            let mut rb = self.session.get(&url);
+            let mut req = session.get(&self.url);
             if self.offset > 0 {
-                rb = rb.header(reqwest::header::RANGE, format!("bytes={}-", self.offset));
+                req = req.header(reqwest::header::RANGE, format!("bytes={}-", self.offset));
             }
-            let resp = rb.send().await.map_err(classify_reqwest)?;
-            let status = resp.status().as_u16();
-            if status == 401 && !reauthenticated {
+            let resp = req.send().await.map_err(classify_reqwest)?;
+            if resp.status().as_u16() == 401 && !reauthenticated {
                 // An expired token: ask for a new one, once.
-                reauthenticated = self.session.reauthenticate().await.map_err(Failure::Fatal)?;
+                reauthenticated = session.reauthenticate().await.map_err(Failure::Fatal)?;
                 if reauthenticated {
                     continue;
                 }
@@ -265,33 +211,30 @@ impl RegistryBlob {
             break resp;
         };
         let status = resp.status();
-        if status.is_server_error() || matches!(status.as_u16(), 408 | 429) {
-            return Err(Failure::Transient(anyhow!("HTTP {status}")));
-        }
         match status.as_u16() {
-            206 => self.skip = 0,
-            // Range ignored: skip what was already consumed.
-            200 => self.skip = self.offset,
-            401 => return Err(Failure::Fatal(self.session.unauthorized())),
+            200 => self.skip = self.offset, // Range ignored: skip what was already consumed.
+            206 if self.offset > 0 => self.skip = 0,
+            401 => return Err(Failure::Fatal(session.unauthorized())),
             403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
             404 => return Err(Failure::Fatal(anyhow!("blob unknown (HTTP 404)"))),
-            _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
+            _ => return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}"))),
         }
-        self.stream = Some(resp.bytes_stream().map(|r| r.map_err(std::io::Error::other)).boxed());
+        self.stream = Some(resp.bytes_stream().boxed());
         Ok(())
     }
 
     /// The next chunk of the blob, or `None` at its end.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        let timeout = self.client.opts.timeout;
         loop {
             let step: std::result::Result<Option<Bytes>, Failure> = async {
                 if self.stream.is_none() {
-                    match tokio::time::timeout(self.opts.timeout, self.reopen()).await {
+                    match tokio::time::timeout(timeout, self.reopen()).await {
                         Ok(r) => r?,
                         Err(_) => {
-                            return Err(Failure::Transient(anyhow!(
+                            return Err(Failure::transient(anyhow!(
                                 "timed out: no response within {} s",
-                                self.opts.timeout.as_secs_f64()
+                                timeout.as_secs_f64()
                             )));
                         }
                     }
@@ -299,13 +242,12 @@ impl RegistryBlob {
                 let Some(stream) = self.stream.as_mut() else {
                     return Err(Failure::Fatal(anyhow!("internal: no stream")));
                 };
-                match tokio::time::timeout(self.opts.timeout, stream.next()).await {
-                    Err(_) => Err(Failure::Transient(anyhow!(
-                        "timed out: stalled, no data for {} s",
-                        self.opts.timeout.as_secs_f64()
-                    ))),
+                match tokio::time::timeout(timeout, stream.next()).await {
+                    Err(_) => {
+                        Err(Failure::transient(anyhow!("timed out: stalled, no data for {} s", timeout.as_secs_f64())))
+                    }
                     Ok(None) => Ok(None),
-                    Ok(Some(Err(e))) => Err(classify_io(e)),
+                    Ok(Some(Err(e))) => Err(classify_reqwest(e)),
                     Ok(Some(Ok(mut b))) => {
                         if self.skip > 0 {
                             let n = (self.skip).min(b.len() as u64) as usize;
@@ -321,15 +263,16 @@ impl RegistryBlob {
             match step {
                 Ok(Some(b)) if b.is_empty() => continue,
                 Ok(r) => return Ok(r),
-                Err(Failure::Transient(e)) if self.failures + 1 < self.opts.attempts => {
+                Err(Failure::Transient(e, ra)) => {
                     self.failures += 1;
-                    let delay = (self.opts.backoff * 2u32.pow(self.failures - 1)).min(Duration::from_secs(10));
-                    tracing::warn!("{}: failed at byte {}, retrying in {delay:?}: {e:#}", self.what(), self.offset);
                     self.stream = None;
-                    tokio::time::sleep(delay).await;
+                    let what = format!("{} at byte {}", self.what(), self.offset);
+                    let (budget, limit) = self.client.retries();
+                    if let Err(spent) = budget.wait(&what, (self.failures, limit), &e, ra).await {
+                        return Err(e.context(format!("{what}: giving up, {spent}")));
+                    }
                 }
-                Err(f) => {
-                    let e = f.into_inner();
+                Err(Failure::Fatal(e)) => {
                     return Err(e.context(format!("{} (at byte {})", self.what(), self.offset)));
                 }
             }

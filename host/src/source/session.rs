@@ -2,16 +2,17 @@
 //! client certificate), `insecure` = HTTPS without verification then plain HTTP (as
 //! containers/image pings), and the distribution auth flows (anonymous, Basic, Bearer token).
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use anyhow::{Context, Result, anyhow, bail};
 
+use super::RegistryOptions;
 use super::auth::AuthLookup;
 use super::certs::HostTls;
 use super::endpoints::Endpoint;
 use super::reference::DOCKER_HUB;
-use super::registry::{Failure, classify_reqwest, with_retry};
-use super::RegistryOptions;
+use super::registry::retry_limit;
+use super::retry::{Failure, RetryBudget, classify_reqwest, status_failure, with_retry};
 
 /// How requests are authorised.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +33,7 @@ pub struct Session {
     scheme: Scheme,
     bearer: RwLock<Option<String>>,
     opts: RegistryOptions,
+    budget: Arc<RetryBudget>,
 }
 
 fn build_client(opts: &RegistryOptions, tls: &HostTls, skip_verify: bool, what: &str) -> Result<reqwest::Client> {
@@ -113,11 +115,8 @@ async fn ping_once(client: &reqwest::Client, base: &str) -> std::result::Result<
         }
     })?;
     let status = resp.status();
-    if status.is_server_error() || status.as_u16() == 429 {
-        return Err(Failure::Transient(anyhow!("HTTP {status}")));
-    }
     if status.as_u16() != 200 && status.as_u16() != 401 {
-        return Err(Failure::Fatal(anyhow!("{url}: unexpected HTTP {status}")));
+        return Err(status_failure(status, resp.headers(), anyhow!("{url}: HTTP {status}")));
     }
     let challenge = resp
         .headers()
@@ -132,8 +131,15 @@ async fn ping_once(client: &reqwest::Client, base: &str) -> std::result::Result<
 impl Session {
     /// Connects to `endpoint`: finds the scheme, reads the auth challenge and authenticates
     /// (pull scope). `auth` is what the auth files say for this endpoint.
-    pub async fn connect(opts: &RegistryOptions, endpoint: &Endpoint, tls: &HostTls, auth: AuthLookup) -> Result<Self> {
+    pub async fn connect(
+        opts: &RegistryOptions,
+        endpoint: &Endpoint,
+        tls: &HostTls,
+        auth: AuthLookup,
+        budget: Arc<RetryBudget>,
+    ) -> Result<Self> {
         let what = format!("registry {}", endpoint.name());
+        let retries = (budget.as_ref(), retry_limit(endpoint));
         let host = api_host(&endpoint.host);
         let verified = build_client(opts, tls, endpoint.insecure, &what)?;
         let https = format!("https://{host}");
@@ -144,27 +150,33 @@ impl Session {
             match once {
                 Ok(Ok(r)) => (verified, https, r),
                 Ok(Err(f)) => {
-                    let e = match f {
-                        Failure::Transient(e) | Failure::Fatal(e) => e,
-                    };
+                    let e = f.into_inner();
                     tracing::debug!("{what}: HTTPS failed ({e:#}), trying plain HTTP (insecure)");
                     let plain = build_client(opts, tls, false, &what)?;
                     let base = format!("http://{host}");
-                    let r = with_retry(opts, &format!("{what}: ping {base}/v2/"), || ping_once(&plain, &base))
-                        .await
-                        .map_err(|e2| e2.context(format!("HTTPS failed too: {e:#}")))?;
+                    let r = with_retry(retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
+                        ping_once(&plain, &base)
+                    })
+                    .await
+                    .map_err(|e2| e2.context(format!("HTTPS failed too: {e:#}")))?;
                     (plain, base, r)
                 }
                 Err(_) => {
                     tracing::debug!("{what}: HTTPS timed out, trying plain HTTP (insecure)");
                     let plain = build_client(opts, tls, false, &what)?;
                     let base = format!("http://{host}");
-                    let r = with_retry(opts, &format!("{what}: ping {base}/v2/"), || ping_once(&plain, &base)).await?;
+                    let r = with_retry(retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
+                        ping_once(&plain, &base)
+                    })
+                    .await?;
                     (plain, base, r)
                 }
             }
         } else {
-            let r = with_retry(opts, &format!("{what}: ping {https}/v2/"), || ping_once(&verified, &https)).await?;
+            let r = with_retry(retries, opts.timeout, &format!("{what}: ping {https}/v2/"), || {
+                ping_once(&verified, &https)
+            })
+            .await?;
             (verified, https, r)
         };
         let scheme = match (status, challenge) {
@@ -180,6 +192,7 @@ impl Session {
             scheme,
             bearer: RwLock::new(None),
             opts: opts.clone(),
+            budget: budget.clone(),
         };
         me.authenticate().await?;
         Ok(me)
@@ -213,16 +226,17 @@ impl Session {
 
     async fn authenticate(&self) -> Result<()> {
         let what = format!("registry {}: authentication", self.name());
+        let retries = (self.budget.as_ref(), retry_limit(&self.endpoint));
         match &self.scheme {
             Scheme::None => Ok(()),
             Scheme::Basic => {
                 // Check the credentials now, for a clear error.
                 let url = format!("{}/v2/", self.base);
-                let status = with_retry(&self.opts, &what, || async {
+                let status = with_retry(retries, self.opts.timeout, &what, || async {
                     let resp = self.authorize(self.http.get(&url)).send().await.map_err(classify_reqwest)?;
                     let status = resp.status();
-                    if status.is_server_error() || status.as_u16() == 429 {
-                        return Err(Failure::Transient(anyhow!("HTTP {status}")));
+                    if super::retry::transient_status(status) {
+                        return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}")));
                     }
                     Ok(status.as_u16())
                 })
@@ -233,7 +247,8 @@ impl Session {
                 Ok(())
             }
             Scheme::Bearer { realm, service } => {
-                let mut url = reqwest::Url::parse(realm).with_context(|| format!("{what}: invalid token realm {realm:?}"))?;
+                let mut url =
+                    reqwest::Url::parse(realm).with_context(|| format!("{what}: invalid token realm {realm:?}"))?;
                 {
                     let mut q = url.query_pairs_mut();
                     if let Some(s) = service {
@@ -241,15 +256,15 @@ impl Session {
                     }
                     q.append_pair("scope", &format!("repository:{}:pull", self.endpoint.repository));
                 }
-                let token = with_retry(&self.opts, &what, || async {
+                let token = with_retry(retries, self.opts.timeout, &what, || async {
                     let mut rb = self.http.get(url.clone());
                     if let Some(c) = &self.auth.creds {
                         rb = rb.basic_auth(&c.username, Some(&c.password));
                     }
                     let resp = rb.send().await.map_err(classify_reqwest)?;
                     let status = resp.status();
-                    if status.is_server_error() || status.as_u16() == 429 {
-                        return Err(Failure::Transient(anyhow!("token endpoint: HTTP {status}")));
+                    if super::retry::transient_status(status) {
+                        return Err(status_failure(status, resp.headers(), anyhow!("token endpoint: HTTP {status}")));
                     }
                     if status.as_u16() == 401 || status.as_u16() == 403 {
                         return Err(Failure::Fatal(self.unauthorized()));
@@ -323,7 +338,10 @@ mod tests {
     fn challenges() {
         assert_eq!(
             parse_challenge(r#"Bearer realm="https://auth.example/token",service="registry.example",scope="x""#),
-            Some(Scheme::Bearer { realm: "https://auth.example/token".into(), service: Some("registry.example".into()) })
+            Some(Scheme::Bearer {
+                realm: "https://auth.example/token".into(),
+                service: Some("registry.example".into())
+            })
         );
         assert_eq!(parse_challenge(r#"Basic realm="test""#), Some(Scheme::Basic));
         assert_eq!(parse_challenge("Negotiate"), None);
