@@ -175,9 +175,13 @@ pub async fn resolve_digest(opts: &RegistryOptions, image: &ImageRef) -> Result<
 
 /// [`resolve_digest`], reusing (and keeping) the connections in `conns`.
 pub async fn resolve_digest_with(opts: &RegistryOptions, conns: &Connections, image: &ImageRef) -> Result<String> {
-    over_endpoints(opts, conns, image, |_, r| async move { Ok(r.manifest_digest) })
-        .await
-        .with_context(|| format!("resolve {image}"))
+    Ok(resolve_with(opts, conns, image).await?.manifest_digest)
+}
+
+/// Resolves an image to its platform manifest, with the endpoint (mirror or source) that
+/// served it ([`ResolvedImage::endpoint`]; `conns.client(opts, endpoint)` talks to it again).
+pub async fn resolve_with(opts: &RegistryOptions, conns: &Connections, image: &ImageRef) -> Result<ResolvedImage> {
+    over_endpoints(opts, conns, image, |_, r| async move { Ok(r) }).await.with_context(|| format!("resolve {image}"))
 }
 
 /// Fetches the wanted files of `image` into `dest` (temporary name, fsync, rename; mode 0644).

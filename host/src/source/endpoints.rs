@@ -148,7 +148,7 @@ impl NodeConfig {
                 .find(&format!("{}/{}", s.host, s.repository))
                 .filter(|r| r.blocked)
                 .map(|r| format!("blocked by {}", r.describe()));
-            let insecure = s.insecure || self.insecure_registries.iter().any(|h| *h == s.host);
+            let insecure = s.insecure || self.insecure_registries.contains(&s.host);
             out.push(Endpoint {
                 host: s.host,
                 repository: s.repository,
