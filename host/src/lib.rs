@@ -16,6 +16,8 @@ pub mod preview;
 pub mod progress;
 pub mod source;
 pub mod state;
+pub mod trust;
+pub mod webhook;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -77,7 +79,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
             let (_, plan) = preview::plan(&policy, &input)?;
-            let opts = source::RegistryOptions::from_args(&registry, &node.root)?;
+            let mut opts = source::RegistryOptions::from_args(&registry, &node.root)?;
+            opts.trust.root = Some(node.root.clone());
             match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
                 install::Outcome::UpToDate(st) => {
                     println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest)
@@ -89,6 +92,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     for d in &st.drop_ins {
                         println!("  drop-in {}", d.path);
+                    }
+                    if let Some(t) = &st.trust {
+                        println!("  trust   {}", t.summary());
                     }
                 }
             }
@@ -122,6 +128,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         for d in &s.drop_ins {
                             println!("  drop-in {}  (for {})", d.path, d.runtime_config);
                         }
+                        if let Some(t) = &s.trust {
+                            println!("  trust   {}", t.summary());
+                        }
                         if st.problems.is_empty() {
                             println!("healthy: every file and the drop-in match the state");
                         } else {
@@ -135,6 +144,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::from(st.exit_code()))
         }
+        Command::Webhook(args) => {
+            let policy = load_policy(&g)?;
+            runtime()?.block_on(webhook::serve(&args, policy))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
                 bail!("--poll-interval must be at least 0.1 seconds");
@@ -146,7 +160,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let d = daemon::Daemon {
                 action,
                 config,
-                registry: source::RegistryOptions::from_args(&registry, &node.root)?,
+                registry: {
+                    let mut o = source::RegistryOptions::from_args(&registry, &node.root)?;
+                    o.trust.root = Some(node.root.clone());
+                    o
+                },
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),

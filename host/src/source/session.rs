@@ -324,6 +324,11 @@ impl Session {
         format!("{}/v2/{}/{rest}", self.base, self.endpoint.repository)
     }
 
+    /// The HTTP client (this endpoint's TLS settings).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     /// A GET request builder for `url`, authorised.
     pub fn get(&self, url: &str) -> reqwest::RequestBuilder {
         self.authorize(self.http.get(url))
