@@ -209,6 +209,18 @@ fn volume_at<'a>(spec: &'a PodSpec, c: &Container, path: &str) -> &'a Volume {
     volume(spec, &m.name)
 }
 
+/// The volume whose mount contains `path` (longest mount path wins), and whether read-only.
+fn volume_containing<'a>(spec: &'a PodSpec, c: &Container, path: &str) -> (&'a Volume, bool) {
+    let m = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| path == m.mount_path || path.starts_with(&format!("{}/", m.mount_path.trim_end_matches('/'))))
+        .max_by_key(|m| m.mount_path.len())
+        .unwrap_or_else(|| panic!("{path} is on no volume"));
+    (volume(spec, &m.name), m.read_only == Some(true))
+}
+
 /// Checks a kata-addons command line against the CLI: the subcommand exists, every
 /// `--flag` is one that subcommand accepts (its own or a global one), and clap parses it.
 fn check_cli(what: &str, argv: &[String]) -> Cli {
