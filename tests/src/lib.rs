@@ -8,10 +8,12 @@
 //! - [`tls`]: a test CA and server certificate made with the `openssl` command;
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
 //! - [`node`]: a throwaway node root with sample Kata configs, snapshots, effective config;
+//! - [`measure`]: run the binary and read its peak RSS and CPU time;
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
 
 pub mod guests;
 pub mod image;
+pub mod measure;
 pub mod node;
 pub mod proxy;
 pub mod registry;
