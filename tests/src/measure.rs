@@ -115,10 +115,8 @@ pub fn run_measured(bin: &Path, args: &[&str], limit: Duration) -> Measured {
     let stdout = String::from_utf8_lossy(&t_out.join().expect("stdout thread")).into_owned();
     let stderr = String::from_utf8_lossy(&t_err.join().expect("stderr thread")).into_owned();
     let text = std::fs::read_to_string(&report).unwrap_or_default();
-    let signal = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Command terminated by signal "))
-        .and_then(|s| s.trim().parse().ok());
+    let signal =
+        text.lines().find_map(|l| l.strip_prefix("Command terminated by signal ")).and_then(|s| s.trim().parse().ok());
     let last: Vec<&str> = text.lines().last().unwrap_or_default().split_whitespace().collect();
     let (maxrss, user, sys) = match last.as_slice() {
         [m, u, s] => (m.parse().unwrap_or(0u64), u.parse().unwrap_or(0f64), s.parse().unwrap_or(0f64)),

@@ -190,8 +190,6 @@ impl<R: Read> Read for Capped<R> {
     }
 }
 
-
-
 /// What one layer pass produced.
 pub struct LayerOutput {
     /// The layer's index.
@@ -333,7 +331,13 @@ pub fn run_decompressed<R: Read>(job: LayerJob, decompressed: R) -> Result<Layer
     res.map(|index| LayerOutput { index, captures })
 }
 
-fn capture<R: Read>(job: &LayerJob, captures: &mut HashMap<String, Capture>, path: &str, r: &mut R, size: u64) -> Result<()> {
+fn capture<R: Read>(
+    job: &LayerJob,
+    captures: &mut HashMap<String, Capture>,
+    path: &str,
+    r: &mut R,
+    size: u64,
+) -> Result<()> {
     let c = copy_out(job, path, r, size)?;
     if let Some(old) = captures.insert(path.to_string(), c) {
         job.temps.remove(&old.tmp);

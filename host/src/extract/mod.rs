@@ -210,9 +210,7 @@ impl LayerIndex {
     /// Whether this layer cuts the layers below it off from the children of directory
     /// `p`: `p` is opaque, whited out or not a directory here.
     fn cuts_children(&self, p: &str) -> bool {
-        self.opaque.contains(p)
-            || self.whiteouts.contains(p)
-            || self.entries.get(p).is_some_and(|n| *n != Node::Dir)
+        self.opaque.contains(p) || self.whiteouts.contains(p) || self.entries.get(p).is_some_and(|n| *n != Node::Dir)
     }
 
     /// Number of entries recorded.

@@ -94,7 +94,8 @@ fn padding(size: u64) -> u64 {
 
 fn checksum_ok(block: &[u8; BLOCK]) -> bool {
     let Ok(stored) = tar::Header::from_byte_slice(block).cksum() else { return false };
-    let sum: u32 = block.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
+    let sum: u32 =
+        block.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u32::from(*b) }).sum();
     sum == stored
 }
 
