@@ -77,6 +77,12 @@ pub struct RegistryArgs {
     /// Longest wait for any registry response or progress, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub timeout: u64,
+    /// Most retries of transient registry failures per pull (0: none).
+    #[arg(long, value_name = "N", default_value_t = 12)]
+    pub retries: u32,
+    /// Most time spent waiting between retries per pull, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub retry_budget: u64,
     /// Resource caps on what an image may make the runner do.
     #[command(flatten)]
     pub limits: LimitArgs,
@@ -194,6 +200,10 @@ pub enum Command {
         /// How often to check a `--configmap-dir` for changes, in seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
         poll_interval: f64,
+        /// Wait a random time up to this many seconds before the first install, so that a
+        /// rollout does not reach the registry from every node in one instant (0: no wait).
+        #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+        start_jitter: f64,
     },
     /// Policy component tools.
     Policy {

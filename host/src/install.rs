@@ -45,6 +45,8 @@ struct Target {
     drop_in_name: String,
     /// Node path of the drop-in (resolved location).
     drop_in_node_path: String,
+    /// Node path of the resolved runtime configuration file.
+    runtime_config_node_path: String,
 }
 
 /// Resolves where a plan's files and drop-in go, creating directories as needed.
@@ -84,6 +86,7 @@ fn target(root: &Root, plan: &Plan) -> Result<Target> {
         config_d,
         drop_in_node_path: node::node_path(&config_d_rel.join(&drop_in_name)),
         drop_in_name,
+        runtime_config_node_path: node::node_path(&config_rel),
     })
 }
 
@@ -194,8 +197,10 @@ pub async fn install(
         previous_dirs.extend(old.previous_dirs.iter().cloned());
         previous_dirs.push(old.version_dir.clone());
         previous_drop_ins.extend(old.previous_drop_ins.iter().cloned());
-        if old.drop_in.path != t.drop_in_node_path {
-            previous_drop_ins.push(old.drop_in.path.clone());
+        for d in &old.drop_ins {
+            if d.path != t.drop_in_node_path {
+                previous_drop_ins.push(d.path.clone());
+            }
         }
     }
     previous_dirs.retain(|d| d != &dir_name);
@@ -221,7 +226,11 @@ pub async fn install(
                 size: *size,
             })
             .collect(),
-        drop_in: DropInRecord { path: t.drop_in_node_path.clone(), sha256: sha256_hex(text.as_bytes()) },
+        drop_ins: vec![DropInRecord {
+            runtime_config: t.runtime_config_node_path.clone(),
+            path: t.drop_in_node_path.clone(),
+            sha256: sha256_hex(text.as_bytes()),
+        }],
         previous_dirs,
         previous_drop_ins,
     };
@@ -237,7 +246,7 @@ pub async fn install(
         .with_context(|| format!("committing the drop-in {}", t.drop_in_node_path))?;
     node::fsync_dir(&t.config_d)?;
     node::fsync_dir(&t.config_dir)?;
-    tracing::info!(step = "commit", drop_in = %t.drop_in_node_path, sha256 = %st.drop_in.sha256, "drop-in committed");
+    tracing::info!(step = "commit", drop_in = %t.drop_in_node_path, sha256 = %sha256_hex(text.as_bytes()), "drop-in committed");
 
     // 5. Remove what the commit made obsolete.
     gc(&root, &t, &mut st)?;
@@ -336,7 +345,8 @@ fn up_to_date(policy: &Policy, plan: &Plan, digest: &str, st: &State, t: &Target
         || st.image != plan.image
         || st.version != plan.version
         || st.provider != provider_name(plan.provider)
-        || st.drop_in.path != t.drop_in_node_path
+        || st.drop_ins.len() != 1
+        || st.drop_ins.iter().any(|d| d.path != t.drop_in_node_path)
         || st.files.len() != plan.artifacts.len()
     {
         return Ok(false);
@@ -354,12 +364,13 @@ fn up_to_date(policy: &Policy, plan: &Plan, digest: &str, st: &State, t: &Target
             _ => return Ok(false),
         }
     }
+    let Some(recorded) = st.drop_ins.first() else { return Ok(false) };
     match node::hash_file(&t.config_d, Path::new(&t.drop_in_name)) {
-        Ok(Some((sha, _))) if sha == st.drop_in.sha256 => {}
+        Ok(Some((sha, _))) if sha == recorded.sha256 => {}
         _ => return Ok(false),
     }
     let text = policy.render(plan, &installed)?;
-    Ok(sha256_hex(text.as_bytes()) == st.drop_in.sha256)
+    Ok(sha256_hex(text.as_bytes()) == recorded.sha256)
 }
 
 /// Removes obsolete drop-ins and version directories recorded in `st` and leftover
@@ -419,7 +430,7 @@ pub fn uninstall(node_args: &NodeArgs) -> Result<Removed> {
     let _lock = lock::acquire(&root, Duration::from_secs(node_args.lock_timeout))?;
     let Some(addons) = open_addons(&root)? else { return Ok(Removed::Nothing) };
     let Some(st) = state::read(&addons)? else { return Ok(Removed::Nothing) };
-    for p in std::iter::once(&st.drop_in.path).chain(&st.previous_drop_ins) {
+    for p in st.drop_ins.iter().map(|d| &d.path).chain(&st.previous_drop_ins) {
         if state::validate::remove_drop_in(&root, p, false)? == state::validate::DropInRemoval::Removed {
             tracing::info!(drop_in = %p, "removed drop-in");
         }
@@ -472,6 +483,8 @@ pub fn status(node_args: &NodeArgs) -> Result<Status> {
     for f in &st.files {
         check(&f.path, &f.sha256);
     }
-    check(&st.drop_in.path, &st.drop_in.sha256);
+    for d in &st.drop_ins {
+        check(&d.path, &d.sha256);
+    }
     Ok(Status { state: Some(st), problems })
 }

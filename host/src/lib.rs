@@ -87,7 +87,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     for f in &st.files {
                         println!("  {:<7} {}  sha256 {}", f.kind, f.path, f.sha256);
                     }
-                    println!("  drop-in {}", st.drop_in.path);
+                    for d in &st.drop_ins {
+                        println!("  drop-in {}", d.path);
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -117,7 +119,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         for f in &s.files {
                             println!("  {:<7} {}", f.kind, f.path);
                         }
-                        println!("  drop-in {}", s.drop_in.path);
+                        for d in &s.drop_ins {
+                            println!("  drop-in {}  (for {})", d.path, d.runtime_config);
+                        }
                         if st.problems.is_empty() {
                             println!("healthy: every file and the drop-in match the state");
                         } else {
@@ -131,9 +135,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::from(st.exit_code()))
         }
-        Command::Daemon { action, config, registry, node, ready_file, poll_interval } => {
+        Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
                 bail!("--poll-interval must be at least 0.1 seconds");
+            }
+            if !(start_jitter.is_finite() && (0.0..=3600.0).contains(&start_jitter)) {
+                bail!("--start-jitter must be between 0 and 3600 seconds, got {start_jitter}");
             }
             let policy = load_policy(&g)?;
             let d = daemon::Daemon {
@@ -143,6 +150,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),
+                start_jitter: Duration::from_secs_f64(start_jitter),
             };
             runtime()?.block_on(d.run(&policy))?;
             Ok(ExitCode::SUCCESS)

@@ -13,7 +13,10 @@ pub mod validate;
 pub const STATE_FILE: &str = "state.json";
 
 /// Current schema version of [`State`].
-pub const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 2;
+
+/// The schema before multi-layout support (one `dropIn`); still read and migrated.
+const SCHEMA_V1: u32 = 1;
 
 /// One installed file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,10 +34,12 @@ pub struct FileRecord {
     pub size: u64,
 }
 
-/// The installed drop-in.
+/// One installed drop-in: one per runtime configuration the addon was installed for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DropInRecord {
+    /// Node path of the resolved `configuration*.toml` the drop-in belongs to.
+    pub runtime_config: String,
     /// Node path (inside the resolved runtime config directory's `config.d`).
     pub path: String,
     /// sha256 (hex) of its contents.
@@ -59,12 +64,13 @@ pub struct State {
     pub version_dir: String,
     /// The installed files.
     pub files: Vec<FileRecord>,
-    /// The drop-in.
-    pub drop_in: DropInRecord,
+    /// The drop-ins, one per runtime configuration, in the order they were committed.
+    pub drop_ins: Vec<DropInRecord>,
     /// Version directories of earlier installs still to be removed (crash recovery).
     #[serde(default)]
     pub previous_dirs: Vec<String>,
-    /// Drop-ins of earlier installs (other provider) still to be removed (crash recovery).
+    /// Drop-in node paths of earlier installs (other provider or runtime configuration)
+    /// still to be removed (crash recovery).
     #[serde(default)]
     pub previous_drop_ins: Vec<String>,
 }
@@ -72,21 +78,81 @@ pub struct State {
 /// Reads the state from the install directory; `None` when nothing is installed.
 pub fn read(dir: &Dir) -> Result<Option<State>> {
     let Some(text) = validate::read_capped(dir, STATE_FILE)? else { return Ok(None) };
-    let state: State = serde_json::from_str(&text).context(
-        "the state file /etc/kata-containers/addons/state.json is corrupt; inspect it or remove it to start over",
-    )?;
-    if state.schema != SCHEMA {
-        bail!("state file schema {} is not supported by this kata-addons (expects {SCHEMA})", state.schema);
-    }
+    let state = parse(&text)?;
     state.validate()?;
     Ok(Some(state))
+}
+
+/// Parses a state record, migrating schema 1 (one `dropIn`) to the current schema.
+pub fn parse(text: &str) -> Result<State> {
+    const CORRUPT: &str =
+        "the state file /etc/kata-containers/addons/state.json is corrupt; inspect it or remove it to start over";
+    #[derive(Deserialize)]
+    struct Schema {
+        schema: u32,
+    }
+    let schema = serde_json::from_str::<Schema>(text).context(CORRUPT)?.schema;
+    match schema {
+        SCHEMA => serde_json::from_str(text).context(CORRUPT),
+        SCHEMA_V1 => Ok(serde_json::from_str::<StateV1>(text).context(CORRUPT)?.migrate()),
+        other => bail!("state file schema {other} is not supported by this kata-addons (expects {SCHEMA})"),
+    }
+}
+
+/// Schema 1: the single-layout record written by kata-addons before schema 2.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StateV1 {
+    image: String,
+    manifest_digest: String,
+    version: String,
+    provider: String,
+    version_dir: String,
+    files: Vec<FileRecord>,
+    drop_in: DropInV1,
+    #[serde(default)]
+    previous_dirs: Vec<String>,
+    #[serde(default)]
+    previous_drop_ins: Vec<String>,
+}
+
+/// Schema 1's drop-in: no runtime configuration recorded.
+#[derive(Deserialize)]
+struct DropInV1 {
+    path: String,
+    sha256: String,
+}
+
+impl StateV1 {
+    /// Schema 1 only knew `<dir>/config.d/<name>` beside `<dir>/configuration.toml`
+    /// (the OpenShift layout), so the runtime configuration is derived from the drop-in path.
+    fn migrate(self) -> State {
+        let config_d = self.drop_in.path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+        let dir = config_d.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+        State {
+            schema: SCHEMA,
+            image: self.image,
+            manifest_digest: self.manifest_digest,
+            version: self.version,
+            provider: self.provider,
+            version_dir: self.version_dir,
+            files: self.files,
+            drop_ins: vec![DropInRecord {
+                runtime_config: format!("{dir}/configuration.toml"),
+                path: self.drop_in.path,
+                sha256: self.drop_in.sha256,
+            }],
+            previous_dirs: self.previous_dirs,
+            previous_drop_ins: self.previous_drop_ins,
+        }
+    }
 }
 
 impl State {
     /// Checks every path field against the layout contract (see [`validate`]); the error
     /// names the first field that fails. Nothing may act on a state that fails.
     pub fn validate(&self) -> Result<()> {
-        use validate::{check_drop_in_path, check_file_path, check_version_dir};
+        use validate::{check_drop_in_path, check_file_path, check_runtime_config, check_version_dir};
         check_version_dir("versionDir", &self.version_dir)?;
         for (i, d) in self.previous_dirs.iter().enumerate() {
             check_version_dir(&format!("previousDirs[{i}]"), d)?;
@@ -94,7 +160,10 @@ impl State {
         for (i, f) in self.files.iter().enumerate() {
             check_file_path(&format!("files[{i}].path"), &f.path, &self.version_dir)?;
         }
-        check_drop_in_path("dropIn.path", &self.drop_in.path)?;
+        for (i, d) in self.drop_ins.iter().enumerate() {
+            check_drop_in_path(&format!("dropIns[{i}].path"), &d.path)?;
+            check_runtime_config(&format!("dropIns[{i}].runtimeConfig"), &d.runtime_config, &d.path)?;
+        }
         for (i, p) in self.previous_drop_ins.iter().enumerate() {
             check_drop_in_path(&format!("previousDropIns[{i}]"), p)?;
         }
@@ -107,4 +176,41 @@ pub fn write(dir: &Dir, state: &State) -> Result<()> {
     let mut text = serde_json::to_string_pretty(state).context("serialising the state")?;
     text.push('\n');
     node::write_atomic(dir, STATE_FILE, text.as_bytes()).context("writing the state file")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_1_is_migrated_on_read() {
+        let v1 = r#"{"schema": 1, "image": "quay.io/x/y:v1", "manifestDigest": "sha256:00",
+            "version": "v1", "provider": "se", "versionDir": "v1-00",
+            "files": [{"kind": "kernel", "source": "/k", "path": "/etc/kata-containers/addons/v1-00/kernel",
+                       "sha256": "ab", "size": 3}],
+            "dropIn": {"path": "/etc/kata-containers/kata-se/config.d/50-kata-addons.toml", "sha256": "cd"},
+            "previousDirs": ["v0-11"]}"#;
+        let st = parse(v1).expect("schema 1 parses");
+        assert_eq!(st.schema, SCHEMA);
+        assert_eq!(
+            st.drop_ins,
+            vec![DropInRecord {
+                runtime_config: "/etc/kata-containers/kata-se/configuration.toml".into(),
+                path: "/etc/kata-containers/kata-se/config.d/50-kata-addons.toml".into(),
+                sha256: "cd".into(),
+            }]
+        );
+        assert_eq!(st.previous_dirs, vec!["v0-11".to_string()]);
+        // Written back as schema 2, read back unchanged.
+        let text = serde_json::to_string(&st).expect("serialise");
+        assert!(text.contains("\"dropIns\"") && !text.contains("\"dropIn\""), "{text}");
+        assert_eq!(parse(&text).expect("schema 2 parses"), st);
+    }
+
+    #[test]
+    fn unknown_schema_is_refused() {
+        let err = parse(r#"{"schema": 3}"#).expect_err("schema 3");
+        assert!(format!("{err:#}").contains("schema 3"), "{err:#}");
+        assert!(parse("{").is_err());
+    }
 }

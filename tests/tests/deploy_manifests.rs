@@ -382,6 +382,9 @@ fn install_daemon_set() {
     let env = env_map(c);
     assert_eq!(env.get("ADDON_ACTION").map(String::as_str), Some("install"));
     assert_eq!(flag_value(&args, "--log-format"), Some("json"));
+    // A rollout spreads its first pulls (issue 13): an explicit start-up jitter, not 0.
+    let jitter: f64 = flag_value(&args, "--start-jitter").expect("--start-jitter").parse().expect("seconds");
+    assert!(jitter > 0.0 && jitter <= 60.0, "--start-jitter {jitter}");
 
     // The ConfigMap of configmap.yaml, mounted where --configmap-dir points.
     let dir = flag_value(&args, "--configmap-dir").expect("--configmap-dir");
