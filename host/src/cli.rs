@@ -205,6 +205,8 @@ pub enum Command {
         #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
         start_jitter: f64,
     },
+    /// Validating admission webhook for the ConfigMap `kata-addon-artifacts` (HTTPS).
+    Webhook(crate::webhook::WebhookArgs),
     /// Policy component tools.
     Policy {
         /// Policy subcommand.

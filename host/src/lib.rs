@@ -16,6 +16,7 @@ pub mod preview;
 pub mod progress;
 pub mod source;
 pub mod state;
+pub mod webhook;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -134,6 +135,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 },
             }
             Ok(ExitCode::from(st.exit_code()))
+        }
+        Command::Webhook(args) => {
+            let policy = load_policy(&g)?;
+            runtime()?.block_on(webhook::serve(&args, policy))?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
