@@ -303,6 +303,8 @@ pub struct RegistryOptions {
     pub retry: retry::RetryPolicy,
     /// Extraction size limits.
     pub limits: Limits,
+    /// Image trust policy files (policy.json, registries.d).
+    pub trust: crate::trust::TrustOptions,
 }
 
 impl Default for RegistryOptions {
@@ -316,6 +318,7 @@ impl Default for RegistryOptions {
             timeout: Duration::from_secs(30),
             retry: retry::RetryPolicy::default(),
             limits: Limits::default(),
+            trust: crate::trust::TrustOptions::default(),
         }
     }
 }
@@ -343,6 +346,11 @@ impl RegistryOptions {
                 ..retry::RetryPolicy::default()
             },
             limits: Limits::from_args(&args.limits)?,
+            trust: crate::trust::TrustOptions {
+                signature_policy: args.signature_policy.clone(),
+                registries_d: args.registries_d.clone(),
+                root: None,
+            },
         })
     }
 }
@@ -363,6 +371,9 @@ pub struct Descriptor {
 pub struct ResolvedImage {
     /// Digest of the platform manifest (`sha256:…`).
     pub manifest_digest: String,
+    /// Digest of the manifest the reference named (the index for a multi-platform image):
+    /// what signatures sign.
+    pub top_digest: String,
     /// Layers, bottom first (manifest order).
     pub layers: Vec<Descriptor>,
     /// Human-readable name of where the image came from (for messages).
