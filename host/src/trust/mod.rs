@@ -486,24 +486,31 @@ async fn read_simple_signatures(
             bail!("unsupported scheme in lookaside {base} (file://, http:// and https:// are)");
         };
         let Some(blob) = blob else { break };
-        out.push((url.clone(), simple_signature_blob(&blob).with_context(|| format!("parsing signature {url}"))?));
+        match simple_signature_blob(&blob).with_context(|| format!("parsing signature {url}"))? {
+            Some(sig) => out.push((url.clone(), sig)),
+            None => {
+                tracing::debug!("{url}: a sigstore signature in the lookaside, not read (only simple signatures are)")
+            }
+        }
     }
     Ok(out)
 }
 
-/// The OpenPGP bytes of a lookaside blob (raw, or the typed `\0simple-signing\n` form).
-fn simple_signature_blob(blob: &[u8]) -> Result<Vec<u8>> {
+/// The OpenPGP bytes of a lookaside blob (raw, or the typed `\0simple-signing\n` form);
+/// `None` for a typed sigstore signature (`\0sigstore-json\n`), which `signedBy` ignores.
+fn simple_signature_blob(blob: &[u8]) -> Result<Option<Vec<u8>>> {
     match blob.first() {
         None => bail!("empty signature blob"),
         Some(0) => {
             let rest = &blob[1..];
             let nl = rest.iter().position(|b| *b == b'\n').context("invalid signature format, missing newline")?;
             match &rest[..nl] {
-                b"simple-signing" => Ok(rest[nl + 1..].to_vec()),
-                other => bail!("signature format {:?} is not a simple signature", String::from_utf8_lossy(other)),
+                b"simple-signing" => Ok(Some(rest[nl + 1..].to_vec())),
+                b"sigstore-json" => Ok(None),
+                other => bail!("unrecognized signature format {:?}", String::from_utf8_lossy(other)),
             }
         }
-        Some(b) if b & 0x80 != 0 => Ok(blob.to_vec()),
+        Some(b) if b & 0x80 != 0 => Ok(Some(blob.to_vec())),
         Some(b) => bail!("unrecognized signature format, starting with binary {b:#x}"),
     }
 }
