@@ -556,3 +556,133 @@ mod state {
         assert!(String::from_utf8_lossy(&o.stderr).contains("larger than 1048576 bytes"), "{}", show(&o));
     }
 }
+
+// ---- defects 7 and 8: ConfigMap input and the exit-code contract -------------------------
+
+mod config {
+    use std::path::Path;
+    use std::process::Output;
+
+    use kata_addons_tests::{kata_addons_bin, show};
+
+    fn preview(args: &[&str], cache: &Path) -> Output {
+        let home = tempfile::tempdir().expect("temp HOME");
+        let cache = cache.display().to_string();
+        std::process::Command::new(kata_addons_bin())
+            .env_clear()
+            .env("HOME", home.path())
+            .args(["preview", "--cache-dir", &cache])
+            .args(args)
+            .output()
+            .expect("run kata-addons")
+    }
+
+    /// Defect 8: every kind of invalid configuration file exits 2, naming the problem;
+    /// limits are checked before the policy runs.
+    #[test]
+    fn defect8_invalid_configuration_always_exits_2() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let good = "addonImage: quay.io/org/k:v1\nkernelPath: /boot/vmlinuz\n";
+        let many: String = (0..50_000).map(|i| format!("note{i:05}: x\n")).collect();
+        let cases: Vec<(&str, String, &str)> = vec![
+            ("unquoted number", format!("{good}version: 1.0\n"), "`version`"),
+            ("kind Secret", "apiVersion: v1\nkind: Secret\ndata: {}\n".to_string(), "Secret"),
+            ("duplicate keys", format!("{good}kernelPath: /boot/other\n"), "duplicate"),
+            ("two documents", format!("{good}---\n{good}"), "more than one document"),
+            ("malformed", "addonImage: [\n".to_string(), "invalid configuration"),
+            ("over 128 keys", format!("{good}{}", &many[..200 * 13]), "limit of 128"),
+            ("50,000 keys", format!("{good}{many}"), "limit of 128"),
+            ("over 1 MiB", format!("{good}x: \"{}\"\n", "y".repeat(1 << 20)), "limit of 1048576 bytes"),
+        ];
+        for (what, text, needle) in cases {
+            let f = tmp.path().join("cm.yaml");
+            std::fs::write(&f, text).expect("write");
+            let o = preview(&["--configmap", f.to_str().expect("utf-8")], tmp.path());
+            assert_eq!(o.status.code(), Some(2), "{what}: {}", show(&o));
+            assert!(String::from_utf8_lossy(&o.stderr).contains(needle), "{what}: lacks {needle:?}: {}", show(&o));
+        }
+        let f = tmp.path().join("cm.yaml");
+        std::fs::write(&f, good).expect("write");
+        let o = preview(&["--configmap", f.to_str().expect("utf-8")], tmp.path());
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    }
+
+    /// Defect 8: command-line usage errors exit 64 (EX_USAGE), so 2 always means invalid
+    /// configuration; `--help` exits 0.
+    #[test]
+    fn defect8_usage_errors_exit_64() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        for args in [&["--no-such-flag"][..], &["--output", "xml"], &["--configmap", "a", "--configmap-dir", "b"]] {
+            let o = preview(args, tmp.path());
+            assert_eq!(o.status.code(), Some(64), "{args:?}: {}", show(&o));
+        }
+        let o = std::process::Command::new(kata_addons_bin()).arg("frobnicate").output().expect("run");
+        assert_eq!(o.status.code(), Some(64), "{}", show(&o));
+        let o = std::process::Command::new(kata_addons_bin()).arg("--help").output().expect("run");
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    }
+
+    fn write_generation(dir: &Path, g: u32) {
+        let d = dir.join(format!("..gen_{g}"));
+        std::fs::create_dir(&d).expect("mkdir generation");
+        std::fs::write(d.join("addonImage"), format!("quay.io/org/gen{g}:v1")).expect("write");
+        std::fs::write(d.join("kernelPath"), format!("/boot/gen{g}/vmlinuz")).expect("write");
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(format!("..gen_{g}"), &tmp).expect("symlink");
+        std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+        if g > 0 {
+            let _ = std::fs::remove_dir_all(dir.join(format!("..gen_{}", g - 1)));
+        }
+    }
+
+    /// Defect 7: while kubelet swaps `..data`, every read is one generation: never a new
+    /// image with the old kernel path, never a failure.
+    #[test]
+    fn defect7_configmap_dir_reads_one_generation() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path().join("cm");
+        std::fs::create_dir(&dir).expect("mkdir");
+        write_generation(&dir, 0);
+        for k in ["addonImage", "kernelPath"] {
+            std::os::unix::fs::symlink(format!("..data/{k}"), dir.join(k)).expect("key link");
+        }
+        // Compile the policy into the cache once.
+        let dir_arg = dir.to_str().expect("utf-8").to_string();
+        let o = preview(&["--configmap-dir", &dir_arg, "-o", "json"], tmp.path());
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (dir, stop) = (dir.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut g = 1;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    write_generation(&dir, g);
+                    g += 1;
+                }
+            })
+        };
+        let mut torn = Vec::new();
+        for _ in 0..60 {
+            let o = preview(&["--configmap-dir", &dir_arg, "-o", "json"], tmp.path());
+            if o.status.code() != Some(0) {
+                torn.push(format!("failed: {}", show(&o)));
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+            let get = |name: &str| {
+                v["env"].as_array().and_then(|a| a.iter().find(|e| e["name"] == name)).map(|e| e["value"].to_string())
+            };
+            let (image, kernel) =
+                (get("ADDON_IMAGE").unwrap_or_default(), get("ADDON_KERNEL_PATH").unwrap_or_default());
+            let gen_of =
+                |s: &str| s.split("gen").nth(1).map(|t| t.chars().take_while(char::is_ascii_digit).collect::<String>());
+            if gen_of(&image) != gen_of(&kernel) {
+                torn.push(format!("{image} with {kernel}"));
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().expect("swapper");
+        assert!(torn.is_empty(), "{} torn or failed reads of 60:\n{}", torn.len(), torn.join("\n"));
+    }
+}
