@@ -91,15 +91,13 @@ fn target(root: &Root, plan: &Plan) -> Result<Target> {
 }
 
 /// The image reference of a plan, in the fetch layer's terms.
-pub fn image_ref(plan: &Plan) -> ImageRef {
+pub fn image_ref(plan: &Plan) -> Result<ImageRef> {
     match &plan.source {
-        ImageSource::Registry(r) => ImageRef::Registry {
-            registry: r.registry.clone(),
-            repository: r.repository.clone(),
-            tag: r.tag.clone(),
-            digest: r.digest.clone(),
-        },
-        ImageSource::Layout(l) => ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() },
+        // The guest validated the reference; the host's one parser checks it again.
+        ImageSource::Registry(r) => {
+            ImageRef::registry(&r.registry, &r.repository, r.tag.as_deref(), r.digest.as_deref())
+        }
+        ImageSource::Layout(l) => Ok(ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() }),
     }
 }
 
@@ -123,7 +121,7 @@ pub async fn install(
     let root = Root::open(&node_args.root)?;
     // Image trust first (issue 9): nothing is written on the node for an image the policy
     // refuses. A policy that needs signatures is checked on the resolved digest now.
-    let image = image_ref(plan);
+    let image = image_ref(plan)?;
     let conns = fetch::Connections::new();
     let mut trust = match crate::trust::gate(&registry.trust, &image)? {
         crate::trust::Gate::Decided(r) => Some(r),
