@@ -14,6 +14,7 @@ pub mod node;
 pub mod policy;
 pub mod preview;
 pub mod progress;
+pub mod runtime;
 pub mod source;
 pub mod state;
 
@@ -52,10 +53,10 @@ pub fn load_policy(g: &GlobalArgs) -> Result<Policy> {
 pub fn run(cli: Cli) -> Result<ExitCode> {
     let g = cli.global;
     match cli.command {
-        Command::Preview { config, output } => {
+        Command::Preview { config, output, root, layout } => {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
-            let p = preview::compute(&policy, &input)?;
+            let p = preview::compute(&policy, &input, &root, &layout)?;
             let stdout = std::io::stdout();
             preview::print(&p, output, &mut stdout.lock())?;
             Ok(ExitCode::SUCCESS)
@@ -73,14 +74,20 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             runtime()?.block_on(fetch::run_fetch(&image, &paths, &dest, &registry))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Install { config, registry, node } => {
+        Command::Install { config, registry, node, layout } => {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
-            let (_, plan) = preview::plan(&policy, &input)?;
+            let (_, plan) = preview::plan_for(&policy, &input, &layout)?;
             let opts = source::RegistryOptions::from_args(&registry)?;
-            match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
+            match runtime()?.block_on(install::install(&policy, &plan, &opts, &node, &layout))? {
                 install::Outcome::UpToDate(st) => {
                     println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest)
+                }
+                install::Outcome::Repaired(st, what) => {
+                    println!("repaired: {} {} ({})", st.image, st.version, st.manifest_digest);
+                    for w in &what {
+                        println!("  {w}");
+                    }
                 }
                 install::Outcome::Installed(st) => {
                     println!("installed {} {} ({})", st.image, st.version, st.manifest_digest);
@@ -122,6 +129,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         for d in &s.drop_ins {
                             println!("  drop-in {}  (for {})", d.path, d.runtime_config);
                         }
+                        for e in &st.effective {
+                            println!("  effective [{}] of {}:", e.table, e.runtime_config);
+                            for (k, v) in [("kernel", &e.kernel), ("initrd", &e.initrd), ("image", &e.image)] {
+                                match v {
+                                    Some(v) => println!("    {k:<6} = {:?}  (from {})", v.value, v.from),
+                                    None => println!("    {k:<6}   (not set)"),
+                                }
+                            }
+                        }
                         if st.problems.is_empty() {
                             println!("healthy: every file and the drop-in match the state");
                         } else {
@@ -135,9 +151,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::from(st.exit_code()))
         }
-        Command::Daemon { action, config, registry, node, ready_file, poll_interval } => {
+        Command::Daemon { action, config, registry, node, ready_file, poll_interval, layout, resync } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
                 bail!("--poll-interval must be at least 0.1 seconds");
+            }
+            if !(resync.is_finite() && (resync == 0.0 || (0.1..=86400.0).contains(&resync))) {
+                bail!("--resync must be 0 (never) or between 0.1 and 86400 seconds");
             }
             let policy = load_policy(&g)?;
             let d = daemon::Daemon {
@@ -147,6 +166,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),
+                layout,
+                resync: (resync > 0.0).then(|| Duration::from_secs_f64(resync)),
             };
             runtime()?.block_on(d.run(&policy))?;
             Ok(ExitCode::SUCCESS)
