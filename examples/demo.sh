@@ -7,6 +7,11 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="${1:-$(mktemp -d /tmp/kata-addons-demo.XXXXXX)}"
+# The policy guest is built for wasm32-wasip2 by host/build.rs; rustup does not add the
+# target named in rust-toolchain.toml by itself on every machine, so add it when missing.
+if ! (cd "$here/.." && rustup target list --installed) | grep -qx wasm32-wasip2; then
+  (cd "$here/.." && rustup target add wasm32-wasip2)
+fi
 cargo build --quiet --release -p kata-addons --manifest-path "$here/../Cargo.toml"
 bin="$(cargo metadata --format-version 1 --no-deps --manifest-path "$here/../Cargo.toml" | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/kata-addons"
 cp -a "$here/node-root/." "$root/"

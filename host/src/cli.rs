@@ -77,6 +77,12 @@ pub struct RegistryArgs {
     /// Longest wait for any registry response or progress, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub timeout: u64,
+    /// Most retries of transient registry failures per pull (0: none).
+    #[arg(long, value_name = "N", default_value_t = 12)]
+    pub retries: u32,
+    /// Most time spent waiting between retries per pull, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub retry_budget: u64,
 }
 
 /// Where on the node to work.
@@ -203,7 +209,13 @@ pub enum Command {
         /// Re-verify and repair the node this often, in seconds (with jitter; 0 = never).
         #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
         resync: f64,
+        /// Wait a random time up to this many seconds before the first install, so that a
+        /// rollout does not reach the registry from every node in one instant (0: no wait).
+        #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+        start_jitter: f64,
     },
+    /// Validating admission webhook for the ConfigMap `kata-addon-artifacts` (HTTPS).
+    Webhook(crate::webhook::WebhookArgs),
     /// Policy component tools.
     Policy {
         /// Policy subcommand.

@@ -37,6 +37,8 @@ pub struct Daemon {
     pub layout: LayoutArgs,
     /// How often to re-verify and repair the node; `None` = never.
     pub resync: Option<Duration>,
+    /// Longest random wait before the first install (`--start-jitter`).
+    pub start_jitter: Duration,
 }
 
 impl Daemon {
@@ -47,6 +49,20 @@ impl Daemon {
         let mut applied = match self.action {
             Action::Install => {
                 let input = Input::load(&self.config)?;
+                if !self.start_jitter.is_zero() {
+                    let wait = self.start_jitter.mul_f64(fastrand::f64());
+                    tracing::info!(
+                        wait_ms = wait.as_millis() as u64,
+                        "start-up jitter: waiting {:.2} s (of at most {} s) before contacting the registry",
+                        wait.as_secs_f64(),
+                        self.start_jitter.as_secs_f64()
+                    );
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = term.recv() => { tracing::info!("SIGTERM during start-up jitter: exiting"); return Ok(()); }
+                        _ = int.recv() => { tracing::info!("SIGINT during start-up jitter: exiting"); return Ok(()); }
+                    }
+                }
                 self.install(policy, &input).await?;
                 Some(input)
             }

@@ -13,6 +13,7 @@ use crate::extract::layer::{self, Capture, Compression, LayerJob, Mode, TMP_PREF
 use crate::extract::{LayerIndex, Resolution, View, check_wanted_path};
 use crate::source::registries_conf::{Endpoint, RegistriesConf};
 use crate::source::registry::RegistryClient;
+use crate::source::retry::RetryBudget;
 use crate::source::{BlobReader, Descriptor, ImageRef, RegistryOptions, ResolvedImage, layout};
 
 /// One file to take out of the image.
@@ -91,9 +92,11 @@ fn certs(opts: &RegistryOptions) -> Result<Vec<Vec<u8>>> {
 /// Registry connections (authenticated clients) kept across calls, one per endpoint, so that
 /// resolving an image and then fetching from it connects and authenticates once. Building a
 /// client loads the system CA roots, which costs milliseconds each time.
+/// They share one retry budget: a `Connections` is one pull.
 #[derive(Default)]
 pub struct Connections {
     clients: std::sync::Mutex<HashMap<String, Arc<RegistryClient>>>,
+    budget: std::sync::OnceLock<Arc<RetryBudget>>,
 }
 
 impl Connections {
@@ -107,7 +110,8 @@ impl Connections {
         if let Some(c) = self.clients.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(c);
         }
-        let client = Arc::new(RegistryClient::connect(opts, ep, certs).await?);
+        let budget = self.budget.get_or_init(|| Arc::new(RetryBudget::new(opts.retry.clone()))).clone();
+        let client = Arc::new(RegistryClient::connect(opts, ep, certs, budget).await?);
         if let Ok(mut m) = self.clients.lock() {
             m.insert(key, client.clone());
         }

@@ -17,6 +17,7 @@ pub mod progress;
 pub mod runtime;
 pub mod source;
 pub mod state;
+pub mod webhook;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -56,7 +57,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Preview { config, output, root, layout } => {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
-            let p = preview::compute(&policy, &input, &root, &layout)?;
+            let p = preview::compute_on(&policy, &input, &root, &layout)?;
             let stdout = std::io::stdout();
             preview::print(&p, output, &mut stdout.lock())?;
             Ok(ExitCode::SUCCESS)
@@ -151,9 +152,17 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::from(st.exit_code()))
         }
-        Command::Daemon { action, config, registry, node, ready_file, poll_interval, layout, resync } => {
+        Command::Webhook(args) => {
+            let policy = load_policy(&g)?;
+            runtime()?.block_on(webhook::serve(&args, policy))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter, layout, resync } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
                 bail!("--poll-interval must be at least 0.1 seconds");
+            }
+            if !(start_jitter.is_finite() && (0.0..=3600.0).contains(&start_jitter)) {
+                bail!("--start-jitter must be between 0 and 3600 seconds, got {start_jitter}");
             }
             if !(resync.is_finite() && (resync == 0.0 || (0.1..=86400.0).contains(&resync))) {
                 bail!("--resync must be 0 (never) or between 0.1 and 86400 seconds");
@@ -166,6 +175,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),
+                start_jitter: Duration::from_secs_f64(start_jitter),
                 layout,
                 resync: (resync > 0.0).then(|| Duration::from_secs_f64(resync)),
             };

@@ -45,10 +45,20 @@ pub fn plan_for(policy: &Policy, input: &Input, layout: &LayoutArgs) -> Result<(
     Ok((env, plan))
 }
 
-/// Runs `env` (for ConfigMap input), `plan` and `render`, for the runtime configurations
-/// found under `root` (read only); when none is usable, for the plan's first candidate,
-/// with a note saying so.
-pub fn compute(policy: &Policy, input: &Input, root: &std::path::Path, layout_args: &LayoutArgs) -> Result<Preview> {
+/// Runs `env` (for ConfigMap input), `plan` and `render` without looking at any node:
+/// the drop-in is shown for the plan's first candidate (OpenShift's path).
+pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
+    let (env, plan) = plan(policy, input)?;
+    let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
+    let installed = layout::installed_files(&plan, &dir);
+    let first: Vec<String> = plan.runtime_configs.iter().take(1).cloned().collect();
+    let drop_ins = policy.render(&plan, &installed, &first)?;
+    Ok(Preview { env, plan, installed, drop_ins, note: None })
+}
+
+/// Like [`compute`], for the runtime configurations found under `root` (read only); when
+/// none is usable, for the plan's first candidate, with a note saying so.
+pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, layout_args: &LayoutArgs) -> Result<Preview> {
     let (env, plan) = plan_for(policy, input, layout_args)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = layout::installed_files(&plan, &dir);

@@ -2,10 +2,15 @@
 //!
 //! Each client connection carries one request (the proxy forces `Connection: close`), so
 //! faults apply per request: answer the first N requests with an error status, cut blob
-//! responses after some bytes, or stall forever. Every request line is logged.
+//! responses after some bytes, stall forever, or throttle: admit at most K blob downloads
+//! at once and answer 429 with `Retry-After` past that. Every request line is logged, with
+//! its arrival time and what the proxy answered; body bytes served are counted per
+//! listening address (so one proxy can tell many clients apart: one address each).
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -25,6 +30,65 @@ pub struct Rules {
     pub stall: bool,
     /// Stall only blob requests, after sending this many body bytes.
     pub stall_blob_after: Option<u64>,
+    /// `fail_first` applies only to requests whose request line contains this.
+    pub fail_matching: Option<String>,
+    /// `Retry-After` value sent with injected failures and throttling answers.
+    pub retry_after: Option<String>,
+    /// Admit at most this many blob GETs at once; answer 429 past that.
+    pub max_blobs: Option<usize>,
+}
+
+/// One request as the proxy saw it.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// When the request head arrived.
+    pub at: Instant,
+    /// The same, on the wall clock (to compare with an HTTP-date `Retry-After`).
+    pub wall: SystemTime,
+    /// The request line.
+    pub line: String,
+    /// Listening address the client connected to.
+    pub local: SocketAddr,
+    /// Status the proxy answered itself (injected failure or throttling); `None` when the
+    /// request went to the registry.
+    pub injected: Option<u16>,
+}
+
+/// Body bytes served (passed through from the registry) to one listening address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Requests received.
+    pub requests: u64,
+    /// Answered 429 because of `max_blobs`.
+    pub throttled: u64,
+    /// Answered with an injected `fail_status`.
+    pub failed: u64,
+    /// Body bytes of blob responses.
+    pub blob_bytes: u64,
+    /// Body bytes of manifest responses.
+    pub manifest_bytes: u64,
+    /// Body bytes of any other response.
+    pub other_bytes: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    log: Vec<String>,
+    events: Vec<Event>,
+    served: BTreeMap<IpAddr, Served>,
+    active_blobs: usize,
+    peak_blobs: usize,
+}
+
+/// Releases a blob admission when the response ends (or the connection drops).
+struct Admission(Arc<Mutex<Shared>>);
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.active_blobs -= 1;
+        }
+    }
 }
 
 /// A running proxy; stops when dropped.
@@ -32,7 +96,7 @@ pub struct Proxy {
     /// Address to send requests to.
     pub addr: SocketAddr,
     rules: Arc<Mutex<Rules>>,
-    log: Arc<Mutex<Vec<String>>>,
+    shared: Arc<Mutex<Shared>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -40,11 +104,18 @@ pub struct Proxy {
 impl Proxy {
     /// Starts a proxy to `upstream` with `rules`.
     pub fn start(upstream: SocketAddr, rules: Rules) -> Self {
+        Self::start_on(upstream, rules, &[IpAddr::from([127, 0, 0, 1])])
+    }
+
+    /// Starts a proxy listening on the same free port of each address in `ips` (bytes
+    /// served are counted per address); [`Proxy::addr`] is the first one.
+    pub fn start_on(upstream: SocketAddr, rules: Rules, ips: &[IpAddr]) -> Self {
         let rules = Arc::new(Mutex::new(rules));
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let shared = Arc::new(Mutex::new(Shared::default()));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (r, l) = (rules.clone(), log.clone());
+        let (r, l) = (rules.clone(), shared.clone());
+        let ips = ips.to_vec();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -52,26 +123,36 @@ impl Proxy {
                 .build()
                 .expect("proxy runtime");
             rt.block_on(async move {
-                let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
-                addr_tx.send(listener.local_addr().expect("addr")).expect("send addr");
-                let accept = async {
-                    loop {
-                        let Ok((client, _)) = listener.accept().await else { continue };
-                        let (r, l) = (r.clone(), l.clone());
-                        tokio::spawn(async move {
-                            let _ = handle(client, upstream, r, l).await;
-                        });
-                    }
-                };
+                let first = TcpListener::bind(SocketAddr::new(ips[0], 0)).await.expect("proxy bind");
+                let port = first.local_addr().expect("addr").port();
+                let mut listeners = vec![first];
+                for ip in &ips[1..] {
+                    listeners.push(TcpListener::bind(SocketAddr::new(*ip, port)).await.expect("proxy bind"));
+                }
+                addr_tx.send(SocketAddr::new(ips[0], port)).expect("send addr");
+                let mut tasks = tokio::task::JoinSet::new();
+                for listener in listeners {
+                    let (r, l) = (r.clone(), l.clone());
+                    tasks.spawn(async move {
+                        loop {
+                            let Ok((client, _)) = listener.accept().await else { continue };
+                            let Ok(local) = client.local_addr() else { continue };
+                            let (r, l) = (r.clone(), l.clone());
+                            tokio::spawn(async move {
+                                let _ = handle(client, local, upstream, r, l).await;
+                            });
+                        }
+                    });
+                }
                 tokio::select! {
-                    _ = accept => {}
+                    _ = tasks.join_next() => {}
                     _ = stop_rx => {}
                 }
             });
             rt.shutdown_background();
         });
         let addr = addr_rx.recv().expect("proxy address");
-        Proxy { addr, rules, log, stop: Some(stop_tx), thread: Some(thread) }
+        Proxy { addr, rules, shared, stop: Some(stop_tx), thread: Some(thread) }
     }
 
     /// `127.0.0.1:PORT`.
@@ -86,7 +167,22 @@ impl Proxy {
 
     /// Request lines seen so far (`GET /v2/… HTTP/1.1`).
     pub fn requests(&self) -> Vec<String> {
-        self.log.lock().expect("log").clone()
+        self.shared.lock().expect("log").log.clone()
+    }
+
+    /// Every request with its arrival time and the proxy's own answer, in arrival order.
+    pub fn events(&self) -> Vec<Event> {
+        self.shared.lock().expect("log").events.clone()
+    }
+
+    /// Bytes and requests per listening address.
+    pub fn served(&self) -> BTreeMap<IpAddr, Served> {
+        self.shared.lock().expect("log").served.clone()
+    }
+
+    /// Most blob downloads that were in flight at once.
+    pub fn peak_blobs(&self) -> usize {
+        self.shared.lock().expect("log").peak_blobs
     }
 
     /// Request lines containing `needle`.
@@ -125,21 +221,31 @@ async fn read_head(s: &mut TcpStream) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
     }
 }
 
+async fn answer(client: &mut TcpStream, code: u16, retry_after: Option<&str>) -> std::io::Result<()> {
+    let ra = retry_after.map(|v| format!("Retry-After: {v}\r\n")).unwrap_or_default();
+    let resp = format!("HTTP/1.1 {code} Injected\r\n{ra}Content-Length: 0\r\nConnection: close\r\n\r\n");
+    client.write_all(resp.as_bytes()).await?;
+    client.shutdown().await
+}
+
 async fn handle(
     mut client: TcpStream,
+    local: SocketAddr,
     upstream: SocketAddr,
     rules: Arc<Mutex<Rules>>,
-    log: Arc<Mutex<Vec<String>>>,
+    shared: Arc<Mutex<Shared>>,
 ) -> std::io::Result<()> {
     let (head, _) = read_head(&mut client).await?;
+    let (at, wall) = (Instant::now(), SystemTime::now());
     let text = String::from_utf8_lossy(&head).to_string();
     let request_line = text.lines().next().unwrap_or_default().to_string();
-    log.lock().expect("log").push(request_line.clone());
     let is_blob = request_line.contains("/blobs/");
-    // Decide under the lock, act after it.
-    let (stall, fail, cut, stall_after) = {
+    let is_get = request_line.starts_with("GET ");
+    // Decide under the locks, act after them.
+    let (stall, fail, cut, stall_after, retry_after, admission) = {
         let mut r = rules.lock().expect("rules");
-        let fail = if r.fail_first > 0 {
+        let mut sh = shared.lock().expect("log");
+        let fail = if r.fail_first > 0 && r.fail_matching.as_ref().is_none_or(|m| request_line.contains(m.as_str())) {
             r.fail_first -= 1;
             Some(r.fail_status.unwrap_or(503))
         } else {
@@ -151,16 +257,36 @@ async fn handle(
         } else {
             None
         };
-        (r.stall, fail, cut, if is_blob { r.stall_blob_after } else { None })
+        let mut throttled = false;
+        let mut admission = None;
+        if fail.is_none()
+            && is_blob
+            && is_get
+            && let Some(k) = r.max_blobs
+        {
+            if sh.active_blobs >= k {
+                throttled = true;
+            } else {
+                sh.active_blobs += 1;
+                sh.peak_blobs = sh.peak_blobs.max(sh.active_blobs);
+                admission = Some(Admission(shared.clone()));
+            }
+        }
+        let injected = fail.or(throttled.then_some(429));
+        sh.log.push(request_line.clone());
+        sh.events.push(Event { at, wall, line: request_line.clone(), local, injected });
+        let s = sh.served.entry(local.ip()).or_default();
+        s.requests += 1;
+        s.throttled += u64::from(throttled);
+        s.failed += u64::from(fail.is_some());
+        (r.stall, injected, cut, if is_blob { r.stall_blob_after } else { None }, r.retry_after.clone(), admission)
     };
     if stall {
         tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
         return Ok(());
     }
     if let Some(code) = fail {
-        let resp = format!("HTTP/1.1 {code} Injected\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        client.write_all(resp.as_bytes()).await?;
-        return client.shutdown().await;
+        return answer(&mut client, code, retry_after.as_deref()).await;
     }
     let mut up = TcpStream::connect(upstream).await?;
     let mut new_head = String::new();
@@ -178,6 +304,19 @@ async fn handle(
     up.write_all(new_head.as_bytes()).await?;
     let (resp_head, first_body) = read_head(&mut up).await?;
     client.write_all(&resp_head).await?;
+    let count = |n: usize| {
+        if let Ok(mut sh) = shared.lock() {
+            let s = sh.served.entry(local.ip()).or_default();
+            let n = n as u64;
+            if is_blob {
+                s.blob_bytes += n;
+            } else if request_line.contains("/manifests/") {
+                s.manifest_bytes += n;
+            } else {
+                s.other_bytes += n;
+            }
+        }
+    };
     let limit = cut.or(stall_after);
     let mut sent = 0u64;
     let mut chunk = first_body;
@@ -187,6 +326,7 @@ async fn handle(
             let allowed = max.saturating_sub(sent) as usize;
             if chunk.len() > allowed {
                 client.write_all(&chunk[..allowed]).await?;
+                count(allowed);
                 client.flush().await?;
                 if cut.is_some() {
                     // Cut: drop both connections mid-body.
@@ -197,6 +337,7 @@ async fn handle(
             }
         }
         client.write_all(&chunk).await?;
+        count(chunk.len());
         sent += chunk.len() as u64;
         let n = up.read(&mut tmp).await?;
         if n == 0 {
@@ -204,5 +345,6 @@ async fn handle(
         }
         chunk = tmp[..n].to_vec();
     }
+    drop(admission);
     client.shutdown().await
 }

@@ -66,7 +66,7 @@ impl Daemon {
         let child = Command::new(kata_addons_bin())
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .args(["daemon", "--poll-interval", "0.2", "--root"])
+            .args(["daemon", "--poll-interval", "0.2", "--start-jitter", "0", "--root"])
             .arg(node.root())
             .arg("--configmap-dir")
             .arg(cm)

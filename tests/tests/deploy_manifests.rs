@@ -114,6 +114,11 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
         std::fs::read_dir(dir).expect("deploy dir").map(|e| e.expect("dir entry").path()).collect();
     entries.sort();
     for p in entries {
+        // The webhook has its own base and overlays (patches are partial objects): the
+        // `webhook_*` tests below check them.
+        if p == deploy_dir().join("webhook") {
+            continue;
+        }
         if p.is_dir() {
             yaml_files(&p, out);
         } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
@@ -382,6 +387,9 @@ fn install_daemon_set() {
     let env = env_map(c);
     assert_eq!(env.get("ADDON_ACTION").map(String::as_str), Some("install"));
     assert_eq!(flag_value(&args, "--log-format"), Some("json"));
+    // A rollout spreads its first pulls (issue 13): an explicit start-up jitter, not 0.
+    let jitter: f64 = flag_value(&args, "--start-jitter").expect("--start-jitter").parse().expect("seconds");
+    assert!(jitter > 0.0 && jitter <= 60.0, "--start-jitter {jitter}");
 
     // The ConfigMap of configmap.yaml, mounted where --configmap-dir points.
     let dir = flag_value(&args, "--configmap-dir").expect("--configmap-dir");
@@ -548,5 +556,328 @@ fn readme_commands_parse() {
     assert!(text.contains("preview --configmap cm.yaml --output yaml"));
     for name in POLICY_ENV.iter().chain(RUNNER_ENV) {
         assert!(text.contains(name), "README names {name}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The admission webhook: host/deploy/webhook/{base,openshift,cert-manager}.
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+const TLS_SECRET: &str = "kata-addons-webhook-tls";
+
+fn webhook_dir() -> PathBuf {
+    deploy_dir().join("webhook")
+}
+
+/// The webhook base, typed.
+struct WebhookBase {
+    sa: ServiceAccount,
+    deployment: Deployment,
+    service: Service,
+    pdb: PodDisruptionBudget,
+    vwc: ValidatingWebhookConfiguration,
+}
+
+/// Parses one document of a known kind, typed and round-tripped; `None` for other kinds.
+fn webhook_doc(what: &str, doc: &Value, base: &mut Vec<(String, Value)>) {
+    let kind = doc["kind"].as_str().unwrap_or_else(|| panic!("{what}: no kind")).to_string();
+    match (doc["apiVersion"].as_str().unwrap_or_default(), kind.as_str()) {
+        ("v1", "ServiceAccount") => drop(typed::<ServiceAccount>(what, doc)),
+        ("apps/v1", "Deployment") => drop(typed::<Deployment>(what, doc)),
+        ("v1", "Service") => drop(typed::<Service>(what, doc)),
+        ("policy/v1", "PodDisruptionBudget") => drop(typed::<PodDisruptionBudget>(what, doc)),
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+            drop(typed::<ValidatingWebhookConfiguration>(what, doc))
+        }
+        // cert-manager's CRDs are not in k8s-openapi: checked field by field below.
+        ("cert-manager.io/v1", "Issuer" | "Certificate") => {}
+        (api, kind) => panic!("{what}: {api} {kind} is not a kind these tests know; add it"),
+    }
+    base.push((kind, doc.clone()));
+}
+
+fn load_webhook_base() -> WebhookBase {
+    let dir = webhook_dir().join("base");
+    let k = documents(&dir.join("kustomization.yaml")).remove(0);
+    assert_eq!(k["namespace"], NAMESPACE);
+    let mut docs = Vec::new();
+    let mut listed = BTreeSet::new();
+    for r in k["resources"].as_array().expect("resources") {
+        let r = r.as_str().expect("path");
+        assert!(!r.starts_with(".."), "the base loads nothing from outside");
+        listed.insert(r.to_string());
+        for (i, doc) in documents(&dir.join(r)).iter().enumerate() {
+            webhook_doc(&format!("webhook/base/{r} document {i}"), doc, &mut docs);
+        }
+    }
+    let mut files = Vec::new();
+    yaml_files_all(&dir, &mut files);
+    for f in files.iter().filter(|p| !is_kustomization(p)) {
+        let name = f.file_name().and_then(|n| n.to_str()).expect("name");
+        assert!(listed.contains(name), "webhook/base/{name} is not in the base kustomization");
+    }
+    let one = |kind: &str| -> Value {
+        let v: Vec<&Value> = docs.iter().filter(|(k, _)| k == kind).map(|(_, d)| d).collect();
+        assert_eq!(v.len(), 1, "the webhook base has one {kind}");
+        v[0].clone()
+    };
+    WebhookBase {
+        sa: typed("sa", &one("ServiceAccount")),
+        deployment: typed("deployment", &one("Deployment")),
+        service: typed("service", &one("Service")),
+        pdb: typed("pdb", &one("PodDisruptionBudget")),
+        vwc: typed("vwc", &one("ValidatingWebhookConfiguration")),
+    }
+}
+
+fn yaml_files_all(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            yaml_files_all(&p, out);
+        } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(p);
+        }
+    }
+}
+
+fn seconds_flag(args: &[String], flag: &str) -> f64 {
+    flag_value(args, flag).unwrap_or_else(|| panic!("webhook passes {flag}")).parse().expect("number")
+}
+
+#[test]
+fn webhook_deployment_is_unprivileged_and_its_flags_exist() {
+    let b = load_webhook_base();
+    let d = &b.deployment;
+    let spec = &d.spec;
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.as_ref().expect("pod spec");
+    assert_eq!(pod.service_account_name.as_deref(), b.sa.metadata.name.as_deref());
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(b.sa.automount_service_account_token, Some(false));
+    assert!(pod.host_network.is_none() && pod.host_pid.is_none());
+    assert_eq!(pod.security_context.as_ref().and_then(|s| s.run_as_non_root), Some(true));
+    assert_eq!(pod.containers.len(), 1);
+    let c = &pod.containers[0];
+    let sc = c.security_context.as_ref().expect("securityContext");
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_string()]));
+    // The same runner image as the DaemonSet.
+    let m = load_all();
+    assert_eq!(c.image, runner(daemon_set(&m, "daemonset.yaml")).image);
+    // Every flag exists and parses.
+    let args = argv(c);
+    let cli = check_cli("webhook container", &args);
+    let Command::Webhook(w) = &cli.command else { panic!("the container runs `kata-addons webhook`") };
+    check_env_names("webhook container", c);
+    // The port it listens on is the container port the probes and the Service use.
+    let port = c.ports.as_ref().and_then(|p| p.iter().find(|p| p.name.as_deref() == Some("https"))).expect("port");
+    assert_eq!(i32::from(w.listen.port()), port.container_port);
+    for (what, probe, path) in [
+        ("startup", &c.startup_probe, "/healthz"),
+        ("readiness", &c.readiness_probe, "/readyz"),
+        ("liveness", &c.liveness_probe, "/healthz"),
+    ] {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap_or_else(|| panic!("{what} probe"));
+        assert_eq!(get.path.as_deref(), Some(path), "{what}");
+        assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{what}");
+        assert_eq!(get.port, IntOrString::String("https".into()), "{what}");
+    }
+    // TLS files come from the Secret the overlays fill; the cache is a writable emptyDir.
+    let (tls, ro) = volume_containing(pod, c, w.tls_cert.to_str().expect("utf-8"));
+    assert!(ro, "TLS mount is read-only");
+    assert_eq!(tls.secret.as_ref().and_then(|s| s.secret_name.as_deref()), Some(TLS_SECRET));
+    let (tls_key, _) = volume_containing(pod, c, w.tls_key.to_str().expect("utf-8"));
+    assert_eq!(tls_key.name, tls.name);
+    let cache = cli.global.cache_dir.as_ref().expect("--cache-dir (the root filesystem is read-only)");
+    let (cache_vol, ro) = volume_containing(pod, c, cache.to_str().expect("utf-8"));
+    assert!(cache_vol.empty_dir.is_some() && !ro);
+    // Shutdown fits in the grace period; a review gives up before the API server does.
+    let delay = seconds_flag(&args, "--shutdown-delay");
+    let grace = pod.termination_grace_period_seconds.expect("grace period") as f64;
+    assert!(delay + w.shutdown_timeout < grace, "{delay} + {} < {grace}", w.shutdown_timeout);
+    let timeout = b.vwc.webhooks.as_ref().expect("webhooks")[0].timeout_seconds.expect("timeoutSeconds");
+    assert!(w.review_timeout < f64::from(timeout), "--review-timeout below timeoutSeconds");
+    // Two replicas, one kept through disruptions, rollouts never go below two.
+    let pdb = b.pdb.spec.as_ref().expect("pdb spec");
+    assert_eq!(pdb.min_available, Some(IntOrString::Int(1)));
+    assert_eq!(pdb.selector.as_ref().and_then(|s| s.match_labels.clone()), spec.selector.match_labels.clone());
+    let ru = spec.strategy.as_ref().and_then(|s| s.rolling_update.as_ref()).expect("rollingUpdate");
+    assert_eq!(ru.max_unavailable, Some(IntOrString::Int(0)));
+}
+
+#[test]
+fn webhook_configuration_is_scoped_to_the_one_configmap() {
+    let b = load_webhook_base();
+    assert!(b.vwc.metadata.namespace.is_none(), "cluster-scoped");
+    let hooks = b.vwc.webhooks.as_ref().expect("webhooks");
+    assert_eq!(hooks.len(), 1);
+    let h = &hooks[0];
+    assert_eq!(h.admission_review_versions, ["v1"]);
+    assert_eq!(h.side_effects, "None");
+    assert!(h.timeout_seconds.is_some_and(|t| (1..=10).contains(&t)), "small timeoutSeconds");
+    assert!(matches!(h.failure_policy.as_deref(), Some("Fail" | "Ignore")), "failurePolicy is explicit");
+    let text = read(&webhook_dir().join("base/validatingwebhookconfiguration.yaml"));
+    assert!(text.contains("failurePolicy: Fail") && text.contains("Ignore would"), "and justified");
+    // Only configmaps in the core group.
+    let rules = h.rules.as_ref().expect("rules");
+    assert_eq!(rules.len(), 1);
+    let r = &rules[0];
+    assert_eq!(r.api_groups.as_deref(), Some(&[String::new()][..]));
+    assert_eq!(r.resources.as_deref(), Some(&["configmaps".to_string()][..]));
+    let ops: BTreeSet<&str> = r.operations.iter().flatten().map(String::as_str).collect();
+    assert_eq!(ops, BTreeSet::from(["CREATE", "UPDATE", "DELETE"]));
+    // Only the operator namespace.
+    let ns = h.namespace_selector.as_ref().and_then(|s| s.match_labels.as_ref()).expect("namespaceSelector");
+    assert_eq!(ns.get("kubernetes.io/metadata.name").map(String::as_str), Some(NAMESPACE));
+    // Only the one name, through `request.name` (set for DELETE, where `object` is null).
+    let mc = h.match_conditions.as_ref().expect("matchConditions");
+    assert_eq!(mc.len(), 1);
+    assert_eq!(mc[0].expression, format!("request.name == \"{}\"", kata_addons::webhook::CONFIGMAP_NAME));
+    // The Service and path the binary serves.
+    let svc = h.client_config.service.as_ref().expect("service");
+    assert_eq!(Some(svc.name.as_str()), b.service.metadata.name.as_deref());
+    assert_eq!(svc.namespace, NAMESPACE);
+    assert_eq!(svc.path.as_deref(), Some("/validate"));
+    let sport = &b.service.spec.as_ref().expect("spec").ports.as_ref().expect("ports")[0];
+    assert_eq!(svc.port, Some(sport.port));
+    assert_eq!(sport.target_port, Some(IntOrString::String("https".into())));
+    assert!(h.client_config.ca_bundle.is_none(), "the overlays inject the CA bundle");
+    let labels = b.deployment.spec.template.metadata.as_ref().and_then(|m| m.labels.clone());
+    assert_eq!(b.service.spec.as_ref().and_then(|s| s.selector.clone()), labels);
+}
+
+/// An overlay's kustomization and patches (typed, as partial objects).
+fn overlay(name: &str) -> (Value, Vec<Value>) {
+    let dir = webhook_dir().join(name);
+    let k = documents(&dir.join("kustomization.yaml")).remove(0);
+    let resources: Vec<&str> = k["resources"].as_array().expect("resources").iter().filter_map(Value::as_str).collect();
+    assert_eq!(resources[0], "../base", "{name}: an overlay of the sibling base");
+    let mut listed = BTreeSet::new();
+    let mut extra = Vec::new();
+    for r in &resources[1..] {
+        listed.insert(r.to_string());
+        extra.extend(documents(&dir.join(r)));
+    }
+    let mut patches = Vec::new();
+    for p in k["patches"].as_array().expect("patches") {
+        let path = p["path"].as_str().expect("patch file");
+        listed.insert(path.to_string());
+        let doc = documents(&dir.join(path)).remove(0);
+        partial(&format!("webhook/{name}/{path}"), &doc);
+        patches.push(doc);
+    }
+    let mut files = Vec::new();
+    yaml_files_all(&dir, &mut files);
+    for f in files.iter().filter(|p| !is_kustomization(p)) {
+        let n = f.file_name().and_then(|n| n.to_str()).expect("name");
+        assert!(listed.contains(n), "webhook/{name}/{n} is in no kustomization");
+    }
+    patches.extend(extra);
+    (k, patches)
+}
+
+/// A patch (partial object) parses as its typed object and keeps every field it sets
+/// (the typed object adds defaults for the required fields a patch leaves out).
+fn partial(what: &str, doc: &Value) {
+    fn subset(path: &str, want: &Value, got: &Value) -> Option<String> {
+        match (want, got) {
+            (Value::Object(a), Value::Object(b)) => a.iter().find_map(|(k, x)| match b.get(k) {
+                Some(y) => subset(&format!("{path}.{k}"), x, y),
+                None => Some(format!("{path}.{k} is dropped by the typed object (unknown field?)")),
+            }),
+            _ if want == got => None,
+            _ => Some(format!("{path}: {want} became {got}")),
+        }
+    }
+    let back = match (doc["apiVersion"].as_str().unwrap_or_default(), doc["kind"].as_str().unwrap_or_default()) {
+        ("v1", "Service") => serde_json::to_value(serde_json::from_value::<Service>(doc.clone()).expect(what)),
+        ("apps/v1", "Deployment") => {
+            serde_json::to_value(serde_json::from_value::<Deployment>(doc.clone()).expect(what))
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+            serde_json::to_value(serde_json::from_value::<ValidatingWebhookConfiguration>(doc.clone()).expect(what))
+        }
+        (api, kind) => panic!("{what}: a patch of {api} {kind}; add it"),
+    }
+    .expect("serialises");
+    if let Some(d) = subset("", doc, &back) {
+        panic!("{what}: {d}");
+    }
+}
+
+fn annotation<'a>(docs: &'a [Value], kind: &str, key: &str) -> Option<&'a str> {
+    docs.iter().find(|d| d["kind"] == kind).and_then(|d| d["metadata"]["annotations"][key].as_str())
+}
+
+#[test]
+fn webhook_overlays_supply_the_certificate() {
+    let b = load_webhook_base();
+    let svc = b.service.metadata.name.clone().expect("service name");
+    let (_, os) = overlay("openshift");
+    assert_eq!(annotation(&os, "Service", "service.beta.openshift.io/serving-cert-secret-name"), Some(TLS_SECRET));
+    assert_eq!(
+        annotation(&os, "ValidatingWebhookConfiguration", "service.beta.openshift.io/inject-cabundle"),
+        Some("true")
+    );
+    let (_, cm) = overlay("cert-manager");
+    let cert = cm.iter().find(|d| d["kind"] == "Certificate").expect("Certificate");
+    assert_eq!(cert["spec"]["secretName"], TLS_SECRET);
+    let dns: Vec<&str> =
+        cert["spec"]["dnsNames"].as_array().expect("dnsNames").iter().filter_map(Value::as_str).collect();
+    assert!(dns.contains(&format!("{svc}.{NAMESPACE}.svc").as_str()), "{dns:?}");
+    let issuer = cert["spec"]["issuerRef"]["name"].as_str().expect("issuerRef");
+    assert!(cm.iter().any(|d| d["kind"] == "Issuer" && d["metadata"]["name"] == issuer), "the Issuer exists");
+    let cert_name = cert["metadata"]["name"].as_str().expect("name");
+    assert_eq!(
+        annotation(&cm, "ValidatingWebhookConfiguration", "cert-manager.io/inject-ca-from"),
+        Some(format!("{NAMESPACE}/{cert_name}").as_str())
+    );
+    // Upstream has no SCC: the overlay gives the non-root user.
+    let user = cm.iter().find(|d| d["kind"] == "Deployment").expect("Deployment patch")["spec"]["template"]["spec"]
+        ["securityContext"]["runAsUser"]
+        .as_i64();
+    assert!(user.is_some_and(|u| u > 0));
+}
+
+/// With kubectl on PATH, every overlay renders and the result parses typed.
+#[test]
+fn webhook_overlays_render_with_kubectl_kustomize() {
+    if std::process::Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+        eprintln!("kubectl not installed: rendering not checked (the other webhook_* tests still are)");
+        return;
+    }
+    for name in ["openshift", "cert-manager"] {
+        let out = std::process::Command::new("kubectl")
+            .args(["kustomize"])
+            .arg(webhook_dir().join(name))
+            .output()
+            .expect("kubectl kustomize");
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).expect("utf-8");
+        let mut docs = Vec::new();
+        for (i, d) in serde_norway::Deserializer::from_str(&text).enumerate() {
+            let v = Value::deserialize(d).expect("YAML");
+            webhook_doc(&format!("rendered {name} document {i}"), &v, &mut docs);
+        }
+        let kinds: BTreeSet<&str> = docs.iter().map(|(k, _)| k.as_str()).collect();
+        for k in ["ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "ValidatingWebhookConfiguration"] {
+            assert!(kinds.contains(k), "{name}: renders a {k}");
+        }
+        let vals: Vec<Value> = docs.into_iter().map(|(_, v)| v).collect();
+        let key = if name == "openshift" {
+            "service.beta.openshift.io/inject-cabundle"
+        } else {
+            "cert-manager.io/inject-ca-from"
+        };
+        assert!(annotation(&vals, "ValidatingWebhookConfiguration", key).is_some(), "{name}: {key}");
     }
 }

@@ -526,7 +526,11 @@ fn stalled_registry_times_out() {
     let (_reg, proxy, _) = proxied(Rules { stall: true, ..Rules::default() }, b"S");
     let h = proxy.host();
     let t = std::time::Instant::now();
-    let f = fetch(&format!("{h}/k:1"), &["/boot/vmlinuz"], &["--insecure-registry", &h, "--timeout", "1"]);
+    let f = fetch(
+        &format!("{h}/k:1"),
+        &["/boot/vmlinuz"],
+        &["--insecure-registry", &h, "--timeout", "1", "--retries", "2"],
+    );
     assert!(!f.ok());
     assert!(t.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t.elapsed());
     assert!(f.stderr().contains(&h), "error must name the registry: {}", show(&f.out));
@@ -536,7 +540,11 @@ fn stalled_registry_times_out() {
     reg.push("k", "1", &Image::new(vec![top]));
     let proxy = Proxy::start(reg.addr, Rules { stall_blob_after: Some(50_000), ..Rules::default() });
     let h = proxy.host();
-    let f = fetch(&format!("{h}/k:1"), &["/boot/vmlinuz"], &["--insecure-registry", &h, "--timeout", "1"]);
+    let f = fetch(
+        &format!("{h}/k:1"),
+        &["/boot/vmlinuz"],
+        &["--insecure-registry", &h, "--timeout", "1", "--retries", "2"],
+    );
     assert!(!f.ok());
     assert!(f.stderr().contains("timed out") || f.stderr().contains("stalled"), "{}", show(&f.out));
     assert!(f.names().is_empty());

@@ -8,6 +8,7 @@ pub mod layout;
 pub mod manifest;
 pub mod registries_conf;
 pub mod registry;
+pub mod retry;
 pub mod tls;
 
 use std::fmt;
@@ -255,10 +256,8 @@ pub struct RegistryOptions {
     pub platform: Platform,
     /// Longest wait for any registry response or progress.
     pub timeout: Duration,
-    /// How many times a transient failure is tried in all.
-    pub attempts: u32,
-    /// First retry delay (doubles each time).
-    pub backoff: Duration,
+    /// Retries of transient failures (backoff, `Retry-After`, per-pull budget).
+    pub retry: retry::RetryPolicy,
     /// Extraction size limits.
     pub limits: Limits,
 }
@@ -272,8 +271,7 @@ impl Default for RegistryOptions {
             insecure_registries: Vec::new(),
             platform: Platform::current(),
             timeout: Duration::from_secs(30),
-            attempts: 5,
-            backoff: Duration::from_millis(250),
+            retry: retry::RetryPolicy::default(),
             limits: Limits::default(),
         }
     }
@@ -296,6 +294,11 @@ impl RegistryOptions {
             insecure_registries: args.insecure_registry.clone(),
             platform,
             timeout: Duration::from_secs(args.timeout),
+            retry: retry::RetryPolicy {
+                max_retries: args.retries,
+                max_wait: Duration::from_secs(args.retry_budget),
+                ..retry::RetryPolicy::default()
+            },
             ..RegistryOptions::default()
         })
     }

@@ -1,115 +1,22 @@
-//! Registry access through `oci-client`: auth up front, manifests with a size cap,
-//! layer blobs streamed with resume on transient failures.
+//! Registry access: auth up front through `oci-client`; manifests (with a size cap) and
+//! layer blobs (streamed, resumed with `Range` on transient failures) through our own
+//! reqwest client, which sees status codes and `Retry-After`.
 
-use std::future::Future;
-use std::time::Duration;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use oci_client::client::{BlobResponse, Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
-use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, RegistryOperation};
 
 use super::auth::Credentials;
 use super::manifest::{self, Parsed};
 use super::registries_conf::Endpoint;
+use super::retry::{Failure, RetryBudget, classify_oci, classify_reqwest, status_failure, with_retry};
 use super::{Descriptor, MAX_MANIFEST_SIZE, RegistryOptions, ResolvedImage};
-
-/// Whether a failure is worth retrying.
-#[derive(Debug)]
-pub enum Failure {
-    /// Connection error, timeout, 5xx, 429.
-    Transient(anyhow::Error),
-    /// Anything else.
-    Fatal(anyhow::Error),
-}
-
-impl Failure {
-    fn into_inner(self) -> anyhow::Error {
-        match self {
-            Failure::Transient(e) | Failure::Fatal(e) => e,
-        }
-    }
-}
-
-const TIMED_OUT: &str = "timed out: no response or progress from the registry";
-
-fn classify_reqwest(e: reqwest::Error) -> Failure {
-    if e.is_timeout() {
-        return Failure::Transient(anyhow::Error::new(e).context(TIMED_OUT));
-    }
-    if e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() || e.is_decode() {
-        Failure::Transient(anyhow::Error::new(e))
-    } else {
-        Failure::Fatal(anyhow::Error::new(e))
-    }
-}
-
-fn classify_oci(e: OciDistributionError) -> Failure {
-    match e {
-        OciDistributionError::RequestError(r) => classify_reqwest(r),
-        OciDistributionError::ServerError { code, .. } if code >= 500 || code == 429 => {
-            Failure::Transient(anyhow::Error::new(e))
-        }
-        OciDistributionError::RegistryError { .. } if format!("{e:?}").contains("Toomanyrequests") => {
-            Failure::Transient(anyhow::Error::new(e))
-        }
-        OciDistributionError::IoError(io) => classify_io(io),
-        other => Failure::Fatal(anyhow::Error::new(other)),
-    }
-}
-
-fn classify_io(e: std::io::Error) -> Failure {
-    if let Some(r) = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>())
-        && r.is_timeout()
-    {
-        return Failure::Transient(anyhow::Error::new(e).context(TIMED_OUT));
-    }
-    let transient = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()).is_some()
-        || matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::UnexpectedEof
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::TimedOut
-        );
-    if transient { Failure::Transient(anyhow::Error::new(e)) } else { Failure::Fatal(anyhow::Error::new(e)) }
-}
-
-/// Runs `f` with a per-attempt timeout, retrying transient failures with exponential backoff.
-pub async fn with_retry<T, F, Fut>(opts: &RegistryOptions, what: &str, mut f: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = std::result::Result<T, Failure>>,
-{
-    let mut delay = opts.backoff;
-    let mut attempt = 1;
-    loop {
-        let res = match tokio::time::timeout(opts.timeout, f()).await {
-            Ok(r) => r,
-            Err(_) => {
-                Err(Failure::Transient(anyhow!("timed out: no response within {} s", opts.timeout.as_secs_f64())))
-            }
-        };
-        match res {
-            Ok(v) => return Ok(v),
-            Err(Failure::Transient(e)) if attempt < opts.attempts => {
-                tracing::warn!("{what}: attempt {attempt} failed, retrying in {delay:?}: {e:#}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-                attempt += 1;
-            }
-            Err(Failure::Transient(e)) => {
-                return Err(e.context(format!("{what}: gave up after {attempt} attempts")));
-            }
-            Err(Failure::Fatal(e)) => return Err(e.context(what.to_string())),
-        }
-    }
-}
 
 /// One registry endpoint (primary or mirror) with authenticated clients.
 pub struct RegistryClient {
@@ -120,12 +27,19 @@ pub struct RegistryClient {
     creds: Option<Credentials>,
     bearer: Option<String>,
     opts: RegistryOptions,
+    budget: Arc<RetryBudget>,
 }
 
 impl RegistryClient {
     /// Name for messages: `host/repository`.
     pub fn name(&self) -> String {
         format!("{}/{}", self.endpoint.host, self.endpoint.repository)
+    }
+
+    /// The retry budget and the most retries of one request: a mirror gets a few, then the
+    /// next source is tried.
+    fn retries(&self) -> (&RetryBudget, u32) {
+        (&self.budget, if self.endpoint.mirror { super::retry::MIRROR_RETRIES } else { u32::MAX })
     }
 
     fn scheme(&self) -> &'static str {
@@ -136,8 +50,14 @@ impl RegistryClient {
         self.reference.resolve_registry()
     }
 
-    /// Builds the clients for `endpoint` and authenticates (pull scope).
-    pub async fn connect(opts: &RegistryOptions, endpoint: &Endpoint, certs: &[Vec<u8>]) -> Result<Self> {
+    /// Builds the clients for `endpoint` and authenticates (pull scope); retries of every
+    /// request made through this client are taken from `budget`.
+    pub async fn connect(
+        opts: &RegistryOptions,
+        endpoint: &Endpoint,
+        certs: &[Vec<u8>],
+        budget: Arc<RetryBudget>,
+    ) -> Result<Self> {
         let reference = Reference::with_tag(endpoint.host.clone(), endpoint.repository.clone(), "latest".to_string());
         let resolved_host = reference.resolve_registry().to_string();
         let protocol = if endpoint.insecure {
@@ -182,6 +102,7 @@ impl RegistryClient {
             creds,
             bearer: None,
             opts: opts.clone(),
+            budget,
         };
         me.authenticate().await?;
         Ok(me)
@@ -198,7 +119,7 @@ impl RegistryClient {
         };
         let name = self.name();
         let what = format!("registry {name}: authentication");
-        let token = with_retry(&self.opts, &what, || async {
+        let token = with_retry(self.retries(), self.opts.timeout, &what, || async {
             match self.client.auth(&self.reference, &auth, RegistryOperation::Pull).await {
                 Ok(t) => Ok(t),
                 Err(OciDistributionError::AuthenticationFailure(reason)) => {
@@ -212,11 +133,11 @@ impl RegistryClient {
         if self.bearer.is_none() {
             // Basic auth (or none): oci-client does not check the password; ask /v2/.
             let url = format!("{}://{}/v2/", self.scheme(), self.host());
-            let status = with_retry(&self.opts, &what, || async {
+            let status = with_retry(self.retries(), self.opts.timeout, &what, || async {
                 let resp = self.authorize(self.http.get(&url)).send().await.map_err(classify_reqwest)?;
                 let status = resp.status();
-                if status.is_server_error() || status.as_u16() == 429 {
-                    return Err(Failure::Transient(anyhow!("{url}: HTTP {status}")));
+                if super::retry::transient_status(status) {
+                    return Err(status_failure(status, resp.headers(), anyhow!("{url}: HTTP {status}")));
                 }
                 Ok(status)
             })
@@ -243,7 +164,7 @@ impl RegistryClient {
         let url = format!("{}://{}/v2/{}/manifests/{reference}", self.scheme(), self.host(), self.endpoint.repository);
         let name = self.name();
         let what = format!("registry {name}: manifest {reference}");
-        let (body, content_type, header_digest) = with_retry(&self.opts, &what, || async {
+        let (body, content_type, header_digest) = with_retry(self.retries(), self.opts.timeout, &what, || async {
             let resp = self
                 .authorize(self.http.get(&url))
                 .header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "))
@@ -251,8 +172,8 @@ impl RegistryClient {
                 .await
                 .map_err(classify_reqwest)?;
             let status = resp.status();
-            if status.is_server_error() || status.as_u16() == 429 {
-                return Err(Failure::Transient(anyhow!("HTTP {status}")));
+            if super::retry::transient_status(status) {
+                return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}")));
             }
             match status.as_u16() {
                 200 => {}
@@ -332,18 +253,11 @@ impl RegistryClient {
     }
 
     /// Opens a layer blob for streaming.
-    pub fn open_blob(&self, desc: &Descriptor) -> RegistryBlob {
+    pub fn open_blob(self: &Arc<Self>, desc: &Descriptor) -> RegistryBlob {
         RegistryBlob {
-            client: self.client.clone(),
-            reference: self.reference.clone(),
-            desc: OciDescriptor {
-                media_type: desc.media_type.clone(),
-                digest: desc.digest.clone(),
-                size: i64::try_from(desc.size).unwrap_or(i64::MAX),
-                ..OciDescriptor::default()
-            },
-            name: self.name(),
-            opts: self.opts.clone(),
+            url: format!("{}://{}/v2/{}/blobs/{}", self.scheme(), self.host(), self.endpoint.repository, desc.digest),
+            client: self.clone(),
+            digest: desc.digest.clone(),
             offset: 0,
             skip: 0,
             stream: None,
@@ -355,53 +269,51 @@ impl RegistryClient {
 /// A layer blob streamed from a registry; reconnects with a `Range` request after
 /// transient failures (the caller's hash covers every byte exactly once).
 pub struct RegistryBlob {
-    client: oci_client::Client,
-    reference: Reference,
-    desc: OciDescriptor,
-    name: String,
-    opts: RegistryOptions,
+    client: Arc<RegistryClient>,
+    url: String,
+    digest: String,
     offset: u64,
     skip: u64,
-    stream: Option<futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>>,
+    stream: Option<futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>>,
     failures: u32,
 }
 
 impl RegistryBlob {
     fn what(&self) -> String {
-        format!("registry {}: blob {}", self.name, self.desc.digest)
+        format!("registry {}: blob {}", self.client.name(), self.digest)
     }
 
     async fn reopen(&mut self) -> std::result::Result<(), Failure> {
-        let resp = self
-            .client
-            .pull_blob_stream_partial(&self.reference, &self.desc, self.offset, None)
-            .await
-            .map_err(classify_oci)?;
-        match resp {
-            BlobResponse::Partial(s) => {
-                self.skip = 0;
-                self.stream = Some(s.stream);
-            }
-            BlobResponse::Full(s) => {
-                // Range ignored: skip what was already consumed.
-                self.skip = self.offset;
-                self.stream = Some(s.stream);
-            }
+        let c = &self.client;
+        let mut req = c.authorize(c.http.get(&self.url));
+        if self.offset > 0 {
+            req = req.header(reqwest::header::RANGE, format!("bytes={}-", self.offset));
         }
+        let resp = req.send().await.map_err(classify_reqwest)?;
+        let status = resp.status();
+        match status.as_u16() {
+            200 => self.skip = self.offset, // Range ignored: skip what was already consumed.
+            206 if self.offset > 0 => self.skip = 0,
+            401 | 403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP {status})"))),
+            404 => return Err(Failure::Fatal(anyhow!("blob unknown (HTTP 404)"))),
+            _ => return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}"))),
+        }
+        self.stream = Some(resp.bytes_stream().boxed());
         Ok(())
     }
 
     /// The next chunk of the blob, or `None` at its end.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        let timeout = self.client.opts.timeout;
         loop {
             let step: std::result::Result<Option<Bytes>, Failure> = async {
                 if self.stream.is_none() {
-                    match tokio::time::timeout(self.opts.timeout, self.reopen()).await {
+                    match tokio::time::timeout(timeout, self.reopen()).await {
                         Ok(r) => r?,
                         Err(_) => {
-                            return Err(Failure::Transient(anyhow!(
+                            return Err(Failure::transient(anyhow!(
                                 "timed out: no response within {} s",
-                                self.opts.timeout.as_secs_f64()
+                                timeout.as_secs_f64()
                             )));
                         }
                     }
@@ -409,13 +321,12 @@ impl RegistryBlob {
                 let Some(stream) = self.stream.as_mut() else {
                     return Err(Failure::Fatal(anyhow!("internal: no stream")));
                 };
-                match tokio::time::timeout(self.opts.timeout, stream.next()).await {
-                    Err(_) => Err(Failure::Transient(anyhow!(
-                        "timed out: stalled, no data for {} s",
-                        self.opts.timeout.as_secs_f64()
-                    ))),
+                match tokio::time::timeout(timeout, stream.next()).await {
+                    Err(_) => {
+                        Err(Failure::transient(anyhow!("timed out: stalled, no data for {} s", timeout.as_secs_f64())))
+                    }
                     Ok(None) => Ok(None),
-                    Ok(Some(Err(e))) => Err(classify_io(e)),
+                    Ok(Some(Err(e))) => Err(classify_reqwest(e)),
                     Ok(Some(Ok(mut b))) => {
                         if self.skip > 0 {
                             let n = (self.skip).min(b.len() as u64) as usize;
@@ -431,15 +342,16 @@ impl RegistryBlob {
             match step {
                 Ok(Some(b)) if b.is_empty() => continue,
                 Ok(r) => return Ok(r),
-                Err(Failure::Transient(e)) if self.failures + 1 < self.opts.attempts => {
+                Err(Failure::Transient(e, ra)) => {
                     self.failures += 1;
-                    let delay = (self.opts.backoff * 2u32.pow(self.failures - 1)).min(Duration::from_secs(10));
-                    tracing::warn!("{}: failed at byte {}, retrying in {delay:?}: {e:#}", self.what(), self.offset);
                     self.stream = None;
-                    tokio::time::sleep(delay).await;
+                    let what = format!("{} at byte {}", self.what(), self.offset);
+                    let (budget, limit) = self.client.retries();
+                    if let Err(spent) = budget.wait(&what, (self.failures, limit), &e, ra).await {
+                        return Err(e.context(format!("{what}: giving up, {spent}")));
+                    }
                 }
-                Err(f) => {
-                    let e = f.into_inner();
+                Err(Failure::Fatal(e)) => {
                     return Err(e.context(format!("{} (at byte {})", self.what(), self.offset)));
                 }
             }

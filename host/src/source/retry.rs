@@ -1,0 +1,331 @@
+//! Retries of registry requests: which failures are transient, how long to wait (exponential
+//! backoff with full jitter, `Retry-After` honoured up to a cap) and a retry budget shared by
+//! every request of one pull (a count and a total waiting time), so that a fleet of nodes
+//! behind one throttling registry spreads out instead of giving up, and a dead registry
+//! still ends in a clear error.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Result, anyhow};
+use oci_client::errors::OciDistributionError;
+
+/// How transient failures are retried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Ceiling of the first backoff draw; it doubles with each retry of one request.
+    pub base: Duration,
+    /// Largest ceiling of one backoff draw.
+    pub max_backoff: Duration,
+    /// Longest `Retry-After` honoured; a longer one is cut to this.
+    pub max_retry_after: Duration,
+    /// Most retries per pull, all requests together.
+    pub max_retries: u32,
+    /// Most time spent waiting between retries per pull, all requests together.
+    pub max_wait: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            base: Duration::from_millis(250),
+            max_backoff: Duration::from_secs(30),
+            max_retry_after: Duration::from_secs(60),
+            max_retries: 12,
+            max_wait: Duration::from_secs(300),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `n` (1 = first retry) of one request: a uniform draw in
+    /// `[0, min(max_backoff, base·2^(n-1))]` (full jitter), and never less than the server's
+    /// `Retry-After` (capped at `max_retry_after`). `unit` is a uniform draw in `[0, 1)`.
+    pub fn delay(&self, n: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
+        let exp = n.saturating_sub(1).min(30);
+        let ceiling = self.base.saturating_mul(1u32 << exp).min(self.max_backoff);
+        let jitter = ceiling.mul_f64(unit.clamp(0.0, 1.0));
+        match retry_after {
+            Some(ra) => jitter.max(ra.min(self.max_retry_after)),
+            None => jitter,
+        }
+    }
+}
+
+/// Whether a failed request is worth retrying.
+#[derive(Debug)]
+pub enum Failure {
+    /// Connection error, reset, timeout, HTTP 5xx, 408 or 429; with the server's
+    /// `Retry-After`, if it sent one.
+    Transient(anyhow::Error, Option<Duration>),
+    /// Anything else (other 4xx, TLS errors, bad content).
+    Fatal(anyhow::Error),
+}
+
+impl Failure {
+    /// A transient failure without `Retry-After`.
+    pub fn transient(e: anyhow::Error) -> Self {
+        Failure::Transient(e, None)
+    }
+
+    /// The error inside.
+    pub fn into_inner(self) -> anyhow::Error {
+        match self {
+            Failure::Transient(e, _) | Failure::Fatal(e) => e,
+        }
+    }
+}
+
+/// Retry accounting for one pull, shared by all its requests (auth, manifests, blobs).
+#[derive(Debug)]
+pub struct RetryBudget {
+    policy: RetryPolicy,
+    used: Mutex<(u32, Duration)>,
+}
+
+impl RetryBudget {
+    /// A fresh budget.
+    pub fn new(policy: RetryPolicy) -> Self {
+        RetryBudget { policy, used: Mutex::new((0, Duration::ZERO)) }
+    }
+
+    /// Retries taken so far.
+    pub fn retries(&self) -> u32 {
+        self.used.lock().map(|u| u.0).unwrap_or(0)
+    }
+
+    /// Takes one retry from the budget: the wait before retry `n` of one request, or the
+    /// reason the budget is spent.
+    pub fn take(&self, n: u32, retry_after: Option<Duration>) -> std::result::Result<Duration, String> {
+        let delay = self.policy.delay(n, retry_after, fastrand::f64());
+        let mut used = self.used.lock().map_err(|_| "retry budget lock poisoned".to_string())?;
+        let p = &self.policy;
+        if used.0 >= p.max_retries {
+            return Err(format!("retry budget spent: {} retries (at most {} per pull)", used.0, p.max_retries));
+        }
+        if used.1 + delay > p.max_wait {
+            return Err(format!(
+                "retry budget spent: {:.1} s waited, the next wait of {:.1} s would pass the {} s per pull",
+                used.1.as_secs_f64(),
+                delay.as_secs_f64(),
+                p.max_wait.as_secs()
+            ));
+        }
+        used.0 += 1;
+        used.1 += delay;
+        Ok(delay)
+    }
+
+    /// Logs retry `n` of one request and sleeps; `Err` (with the reason) if the budget is
+    /// spent or the request already had `limit` retries.
+    pub async fn wait(
+        &self,
+        what: &str,
+        (n, limit): (u32, u32),
+        e: &anyhow::Error,
+        retry_after: Option<Duration>,
+    ) -> Result<(), String> {
+        if n > limit {
+            return Err(format!("{limit} retries of one request to a mirror, trying the next source"));
+        }
+        let delay = self.take(n, retry_after)?;
+        let ra = retry_after.map(|d| format!(" (Retry-After {} s)", d.as_secs_f64())).unwrap_or_default();
+        tracing::warn!(
+            retry = self.retries(),
+            delay_ms = delay.as_millis() as u64,
+            "{what}: {e:#}; retry {} of at most {} in {:.2} s{ra}",
+            self.retries(),
+            self.policy.max_retries,
+            delay.as_secs_f64()
+        );
+        tokio::time::sleep(delay).await;
+        Ok(())
+    }
+}
+
+/// Runs `f` with a per-attempt `timeout`, retrying transient failures within `budget`, at
+/// most `limit` times.
+pub async fn with_retry<T, F, Fut>(
+    (budget, limit): (&RetryBudget, u32),
+    timeout: Duration,
+    what: &str,
+    mut f: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, Failure>>,
+{
+    let mut n = 0;
+    loop {
+        let res = match tokio::time::timeout(timeout, f()).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::transient(anyhow!("timed out: no response within {} s", timeout.as_secs_f64()))),
+        };
+        match res {
+            Ok(v) => return Ok(v),
+            Err(Failure::Transient(e, ra)) => {
+                n += 1;
+                if let Err(spent) = budget.wait(what, (n, limit), &e, ra).await {
+                    return Err(e.context(format!("{what}: giving up, {spent}")));
+                }
+            }
+            Err(Failure::Fatal(e)) => return Err(e.context(what.to_string())),
+        }
+    }
+}
+
+/// Parses a `Retry-After` value: delta-seconds or an HTTP-date (a date in the past is 0).
+pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when = httpdate::parse_http_date(v).ok()?;
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The `Retry-After` of a response, if present and valid.
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    parse_retry_after(v, SystemTime::now())
+}
+
+/// Whether an HTTP status is worth retrying: 408, 429 and 5xx.
+pub fn transient_status(status: reqwest::StatusCode) -> bool {
+    status.is_server_error() || matches!(status.as_u16(), 408 | 429)
+}
+
+/// Classifies a non-success response status (with its headers, for `Retry-After`).
+pub fn status_failure(status: reqwest::StatusCode, headers: &reqwest::header::HeaderMap, e: anyhow::Error) -> Failure {
+    if transient_status(status) { Failure::Transient(e, retry_after(headers)) } else { Failure::Fatal(e) }
+}
+
+pub(crate) const TIMED_OUT: &str = "timed out: no response or progress from the registry";
+
+/// True when the error chain holds a TLS failure (rustls reports handshake garbage from a
+/// plain-HTTP server and untrusted certificates as `InvalidData`): retrying cannot help.
+fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        // io::Error's `source()` skips the error it wraps: look inside with `get_ref()`.
+        let mut io = err.downcast_ref::<std::io::Error>();
+        while let Some(i) = io {
+            if i.kind() == std::io::ErrorKind::InvalidData {
+                return true;
+            }
+            io = i.get_ref().and_then(|inner| inner.downcast_ref::<std::io::Error>());
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Retries of one request to a mirror before the next source is tried.
+pub const MIRROR_RETRIES: u32 = 2;
+
+const TLS_HINT: &str = "TLS failed (not retried); if this registry serves plain HTTP, name it with \
+                        --insecure-registry or `insecure = true` in registries.conf";
+
+/// Classifies a reqwest error: connection problems and timeouts are transient, TLS is not.
+pub fn classify_reqwest(e: reqwest::Error) -> Failure {
+    if e.is_timeout() {
+        return Failure::transient(anyhow::Error::new(e).context(TIMED_OUT));
+    }
+    if is_tls_failure(&e) {
+        return Failure::Fatal(anyhow::Error::new(e).context(TLS_HINT));
+    }
+    if e.is_connect() || e.is_request() || e.is_body() || e.is_decode() {
+        Failure::transient(anyhow::Error::new(e))
+    } else {
+        Failure::Fatal(anyhow::Error::new(e))
+    }
+}
+
+/// Classifies an `oci-client` error (it keeps the status, not the headers).
+pub fn classify_oci(e: OciDistributionError) -> Failure {
+    match e {
+        OciDistributionError::RequestError(r) => classify_reqwest(r),
+        OciDistributionError::ServerError { code, .. } if code >= 500 || code == 429 || code == 408 => {
+            Failure::transient(anyhow::Error::new(e))
+        }
+        OciDistributionError::RegistryError { .. } if format!("{e:?}").contains("Toomanyrequests") => {
+            Failure::transient(anyhow::Error::new(e))
+        }
+        OciDistributionError::IoError(io) => classify_io(io),
+        other => Failure::Fatal(anyhow::Error::new(other)),
+    }
+}
+
+/// Classifies an I/O error from a response body stream.
+pub fn classify_io(e: std::io::Error) -> Failure {
+    if let Some(r) = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>())
+        && r.is_timeout()
+    {
+        return Failure::transient(anyhow::Error::new(e).context(TIMED_OUT));
+    }
+    let transient = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()).is_some()
+        || matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::TimedOut
+        );
+    if transient { Failure::transient(anyhow::Error::new(e)) } else { Failure::Fatal(anyhow::Error::new(e)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_jitter_doubles_up_to_the_cap() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.delay(1, None, 0.0), Duration::ZERO);
+        assert_eq!(p.delay(1, None, 0.999_999), p.base.mul_f64(0.999_999));
+        assert_eq!(p.delay(3, None, 0.5), p.base * 2);
+        assert_eq!(p.delay(40, None, 0.5), p.max_backoff / 2);
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_with_a_cap() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.delay(1, Some(Duration::from_secs(2)), 0.5), Duration::from_secs(2));
+        assert_eq!(p.delay(1, Some(Duration::from_secs(3600)), 0.5), p.max_retry_after);
+        assert_eq!(p.delay(10, Some(Duration::from_secs(1)), 1.0), p.max_backoff);
+    }
+
+    #[test]
+    fn retry_after_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:40 GMT", now), Some(Duration::from_secs(3)));
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:30 GMT", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-1", now), None);
+    }
+
+    #[test]
+    fn budget_counts_and_time() {
+        let b = RetryBudget::new(RetryPolicy { max_retries: 2, ..RetryPolicy::default() });
+        assert!(b.take(1, None).is_ok());
+        assert!(b.take(2, None).is_ok());
+        assert!(b.take(3, None).unwrap_err().contains("2 retries"));
+        let b = RetryBudget::new(RetryPolicy { max_wait: Duration::from_secs(5), ..RetryPolicy::default() });
+        assert_eq!(b.take(1, Some(Duration::from_secs(4))), Ok(Duration::from_secs(4)));
+        assert!(b.take(1, Some(Duration::from_secs(2))).unwrap_err().contains("would pass the 5 s"));
+    }
+
+    #[test]
+    fn statuses() {
+        use reqwest::StatusCode;
+        for s in [408, 429, 500, 502, 503, 504] {
+            assert!(transient_status(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+        for s in [400, 401, 403, 404, 405, 416] {
+            assert!(!transient_status(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+    }
+}
