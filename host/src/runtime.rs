@@ -141,7 +141,8 @@ pub fn discover(root: &Root, candidates: &[String], sel: &Selection) -> Result<V
     };
     if chosen.is_empty() {
         bail!(
-            "no Kata runtime configuration for this provider is installed on this node (under {}); looked at: {}",
+            "the Kata runtime for this provider is not installed on this node: no runtime configuration found \
+             (under {}); looked at: {}",
             root.path().display(),
             candidates.join(", ")
         );
@@ -210,7 +211,16 @@ pub fn fragments(root: &Root, rc_rel: &Path) -> Result<Vec<Fragment>> {
 
 fn read_fragment(root: &Root, rel: &Path) -> Result<Fragment> {
     let path = node::node_path(rel);
-    let meta = root.dir().metadata(rel).with_context(|| format!("inspecting {path}"))?;
+    let meta = match root.dir().metadata(rel) {
+        Ok(m) => m,
+        // A dangling symlink or an entry leading outside the root: Kata cannot read it either.
+        Err(e) => {
+            return Ok(Fragment {
+                path,
+                table: Err(format!("unreadable ({e}): Kata fails to load this configuration")),
+            });
+        }
+    };
     let table = if !meta.is_file() {
         Err("not a regular file: Kata fails to load this configuration".to_string())
     } else if meta.len() > MAX_FRAGMENT {

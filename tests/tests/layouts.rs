@@ -348,13 +348,18 @@ fn a_later_fragment_overriding_a_boot_path_is_drift() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"/custom/vmlinuz\"  (from"), "{}", show(&o));
 
     // A fragment Kata cannot load is drift too.
-    node.write("/etc/x", "");
     node.write(&format!("{config_d}/zz.bak"), "kernel = [");
     node.write(&format!("{config_d}/50-user-overrides.toml"), "[hypervisor.qemu]\ndefault_memory = 4096\n");
     let o = kata(&["status", "--root", &root, "--output", "json"], &[]);
     assert_eq!(o.status.code(), Some(4), "{}", show(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("zz.bak: not valid TOML"), "{}", show(&o));
     std::fs::remove_file(node.path(&format!("{config_d}/zz.bak"))).expect("rm");
+    // So is a dangling symlink (reported, not a status failure).
+    std::os::unix::fs::symlink("gone.toml", node.path(&format!("{config_d}/60-gone.toml"))).expect("symlink");
+    let o = kata(&["status", "--root", &root, "--output", "json"], &[]);
+    assert_eq!(o.status.code(), Some(4), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("60-gone.toml: unreadable"), "{}", show(&o));
+    std::fs::remove_file(node.path(&format!("{config_d}/60-gone.toml"))).expect("rm");
     let o = kata(&["status", "--root", &root], &[]);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
 }

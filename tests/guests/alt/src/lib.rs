@@ -77,7 +77,11 @@ impl Guest for Component {
         Ok(p)
     }
 
-    fn render(plan: Plan, installed: Vec<InstalledFile>, runtime_configs: Vec<String>) -> Result<Vec<DropIn>, Vec<Violation>> {
+    fn render(
+        plan: Plan,
+        installed: Vec<InstalledFile>,
+        runtime_configs: Vec<String>,
+    ) -> Result<Vec<DropIn>, Vec<Violation>> {
         let Some(kernel) = installed.iter().find(|f| f.kind == ArtifactKind::Kernel) else {
             return Err(vec![bad("installed", ViolationCode::Inconsistent, "no kernel installed")]);
         };

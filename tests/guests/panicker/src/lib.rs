@@ -23,7 +23,11 @@ impl Guest for Component {
     fn plan(_env: Vec<KeyValue>, _node: NodeOptions) -> Result<Plan, Vec<Violation>> {
         Ok(good_plan("/vmlinuz"))
     }
-    fn render(_plan: Plan, _installed: Vec<InstalledFile>, _runtime_configs: Vec<String>) -> Result<Vec<DropIn>, Vec<Violation>> {
-        Ok(Vec::new())
+    fn render(
+        plan: Plan,
+        _installed: Vec<InstalledFile>,
+        runtime_configs: Vec<String>,
+    ) -> Result<Vec<DropIn>, Vec<Violation>> {
+        Ok(drop_ins(&plan, &runtime_configs, ""))
     }
 }
