@@ -218,6 +218,19 @@ async fn install_inner(
 ) -> Result<Outcome> {
     let started = Instant::now();
     let root = Root::open(&node_args.root)?;
+    // Image trust first (issue 9): nothing is written on the node for an image the policy
+    // refuses. A policy that needs signatures is checked on the resolved digest now.
+    let mut image = image_ref(plan);
+    let conns = fetch::Connections::new();
+    let mut trust = match crate::trust::gate(&registry.trust, &image)? {
+        crate::trust::Gate::Decided(r) => Some(r),
+        crate::trust::Gate::NeedsSignatures => {
+            fetch::resolve_digest_with(registry, &conns, &image)
+                .await
+                .with_context(|| format!("resolving {}", plan.image))?;
+            conns.trust()
+        }
+    };
     let _lock = lock_node(&root, Duration::from_secs(node_args.lock_timeout)).await?;
     let t = target(&root, plan, layout_args)?;
     for c in &t.configs {
@@ -231,14 +244,13 @@ async fn install_inner(
         );
     }
     let old = state::read(&t.addons)?;
-    let mut image = image_ref(plan);
     let recorded = old.as_ref().filter(|o| from_state && same_request(plan, &o.manifest_digest, o));
+    // Drift repair restores the recorded digest (trusted when it was installed).
     if let (Some(o), ImageRef::Registry { digest, .. }) = (recorded, &mut image) {
         *digest = Some(o.manifest_digest.clone());
     }
 
     // One connection per endpoint for resolving and fetching: authenticate once.
-    let conns = fetch::Connections::new();
     // A digest-pinned reference that is already installed needs no registry round trip:
     // the content is immutable and the files are verified below (offline restarts work).
     let digest = match (layout::pinned_digest(plan), &old) {
@@ -269,6 +281,9 @@ async fn install_inner(
     remove_entry(&t.addons, &staging)?;
     t.addons.create_dir(&staging).with_context(|| format!("creating staging directory {staging}"))?;
     let staged = stage(registry, &conns, &image, plan, &t, &staging).await;
+    if let Some(r) = conns.trust() {
+        trust = Some(r);
+    }
     let (report_digest, files) = match staged {
         Ok(v) => v,
         Err(e) => {
@@ -333,6 +348,7 @@ async fn install_inner(
         drop_ins: new_drop_ins,
         previous_dirs,
         previous_drop_ins,
+        trust,
     };
     if let Err(e) = state::write(&t.addons, &st) {
         for c in &t.configs {

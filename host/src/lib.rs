@@ -17,6 +17,7 @@ pub mod progress;
 pub mod runtime;
 pub mod source;
 pub mod state;
+pub mod trust;
 pub mod webhook;
 
 use std::process::ExitCode;
@@ -79,7 +80,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
             let (_, plan) = preview::plan_for(&policy, &input, &layout)?;
-            let opts = source::RegistryOptions::from_args(&registry)?;
+            let mut opts = source::RegistryOptions::from_args(&registry)?;
+            opts.trust.root = Some(node.root.clone());
             match runtime()?.block_on(install::install(&policy, &plan, &opts, &node, &layout))? {
                 install::Outcome::UpToDate(st) => {
                     println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest)
@@ -97,6 +99,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     for d in &st.drop_ins {
                         println!("  drop-in {}", d.path);
+                    }
+                    if let Some(t) = &st.trust {
+                        println!("  trust   {}", t.summary());
                     }
                 }
             }
@@ -129,6 +134,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         }
                         for d in &s.drop_ins {
                             println!("  drop-in {}  (for {})", d.path, d.runtime_config);
+                        }
+                        if let Some(t) = &s.trust {
+                            println!("  trust   {}", t.summary());
                         }
                         for e in &st.effective {
                             println!("  effective [{}] of {}:", e.table, e.runtime_config);
@@ -171,7 +179,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let d = daemon::Daemon {
                 action,
                 config,
-                registry: source::RegistryOptions::from_args(&registry)?,
+                registry: {
+                    let mut o = source::RegistryOptions::from_args(&registry)?;
+                    o.trust.root = Some(node.root.clone());
+                    o
+                },
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),
