@@ -95,6 +95,36 @@ pub struct RegistryArgs {
     /// Signature storage configuration, containers-registries.d(5) (default: the node's /etc/containers/registries.d).
     #[arg(long, value_name = "DIR")]
     pub registries_d: Option<PathBuf>,
+    /// Resource caps on what an image may make the runner do.
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Resource caps on image content (README "Limits"); every one refuses with a clear error.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LimitArgs {
+    /// Most layers an image may have [default: 256].
+    #[arg(long, value_name = "N")]
+    pub max_layers: Option<usize>,
+    /// Most decompressed bytes per compressed byte of a layer (layers under 64 MiB
+    /// decompressed are always allowed) [default: 256].
+    #[arg(long, value_name = "RATIO")]
+    pub max_layer_ratio: Option<u64>,
+    /// Most decompressed bytes of one layer, whatever its ratio [default: 32 GiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_layer_bytes: Option<u64>,
+    /// Most tar entries indexed over the layers read [default: 250000].
+    #[arg(long, value_name = "N")]
+    pub max_index_entries: Option<u64>,
+    /// Most bytes of that index (paths plus 96 bytes per entry) [default: 32 MiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_index_bytes: Option<u64>,
+    /// Largest extracted file [default: 4 GiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_file_bytes: Option<u64>,
+    /// Largest sum of extracted files [default: 8 GiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_total_bytes: Option<u64>,
 }
 
 /// Where on the node to work.

@@ -10,7 +10,7 @@ use cap_std::fs::Dir;
 use sha2::Digest;
 
 use crate::extract::layer::{self, Capture, Compression, LayerJob, Mode, TMP_PREFIX, TempFiles};
-use crate::extract::{LayerIndex, Resolution, View, check_wanted_path};
+use crate::extract::{IndexBudget, LayerIndex, Resolution, View, check_wanted_path};
 use crate::source::endpoints::{Endpoint, NodeConfig};
 use crate::source::registry::RegistryClient;
 use crate::source::retry::RetryBudget;
@@ -274,6 +274,7 @@ async fn read_layer(
     mode: Mode,
     temps: &TempFiles,
     total: &Arc<AtomicU64>,
+    budget: &Arc<IndexBudget>,
 ) -> Result<layer::LayerOutput> {
     let compression =
         Compression::from_media_type(&desc.media_type).with_context(|| format!("layer {}", desc.digest))?;
@@ -292,6 +293,8 @@ async fn read_layer(
         max_file_size: opts.limits.max_file_size,
         max_total_size: opts.limits.max_total_size,
         total: total.clone(),
+        max_decompressed: layer::layer_cap(desc.size, opts.limits.max_layer_ratio, opts.limits.max_layer_bytes),
+        budget: budget.clone(),
     };
     let thread = tokio::task::spawn_blocking(move || layer::run(job, rx));
     let bar = crate::progress::layer(&desc.digest, desc.size);
@@ -353,6 +356,14 @@ async fn extract(
         Compression::from_media_type(&l.media_type).with_context(|| format!("layer {}", l.digest))?;
     }
     let n = resolved.layers.len();
+    if n > opts.limits.max_layers {
+        bail!(
+            "{}: the image has {n} layers, more than the limit of {} (--max-layers)",
+            resolved.origin,
+            opts.limits.max_layers
+        );
+    }
+    let budget = Arc::new(IndexBudget::new(opts.limits.max_index_entries, opts.limits.max_index_bytes));
     let top_first: Vec<&Descriptor> = resolved.layers.iter().rev().collect();
     let total = Arc::new(AtomicU64::new(0));
     let mut indexes: Vec<Arc<LayerIndex>> = Vec::new();
@@ -361,7 +372,8 @@ async fn extract(
     let mut results: Vec<Resolution> = Vec::new();
     for (k, desc) in top_first.iter().enumerate() {
         let out =
-            read_layer(opts, source, desc, k, indexes.clone(), Mode::Discover(paths.to_vec()), temps, &total).await?;
+            read_layer(opts, source, desc, k, indexes.clone(), Mode::Discover(paths.to_vec()), temps, &total, &budget)
+                .await?;
         layers_read.push(desc.digest.clone());
         tracing::debug!("layer {k} {}: {} entries", desc.digest, out.index.len());
         indexes.push(Arc::new(out.index));
@@ -400,7 +412,8 @@ async fn extract(
         let set = reread.remove(&k).unwrap_or_default();
         let desc = top_first[k];
         tracing::debug!("reading layer {} again for {:?}", desc.digest, set);
-        let out = read_layer(opts, source, desc, k, indexes[..k].to_vec(), Mode::Exact(set), temps, &total).await?;
+        let out =
+            read_layer(opts, source, desc, k, indexes[..k].to_vec(), Mode::Exact(set), temps, &total, &budget).await?;
         layers_read.push(desc.digest.clone());
         for (p, c) in out.captures {
             if let Some(old) = captures.insert((k, p), c) {

@@ -390,10 +390,8 @@ fn up_to_date(policy: &Policy, plan: &Plan, digest: &str, st: &State, t: &Target
 /// staging directories, then records that nothing is pending.
 fn gc(root: &Root, t: &Target, st: &mut State) -> Result<()> {
     for p in &st.previous_drop_ins {
-        match root.dir().remove_file(node::rel_path(p)) {
-            Ok(()) => tracing::info!(step = "gc", drop_in = %p, "removed obsolete drop-in"),
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("removing obsolete drop-in {p}")),
+        if state::validate::remove_drop_in(root, p, false)? == state::validate::DropInRemoval::Removed {
+            tracing::info!(step = "gc", drop_in = %p, "removed obsolete drop-in");
         }
     }
     for d in &st.previous_dirs {
@@ -446,16 +444,8 @@ pub fn uninstall(node_args: &NodeArgs) -> Result<Removed> {
     let Some(addons) = open_addons(&root)? else { return Ok(Removed::Nothing) };
     let Some(st) = state::read(&addons)? else { return Ok(Removed::Nothing) };
     for p in st.drop_ins.iter().map(|d| &d.path).chain(&st.previous_drop_ins) {
-        let rel = node::rel_path(p);
-        match root.dir().remove_file(&rel) {
-            Ok(()) => tracing::info!(drop_in = %p, "removed drop-in"),
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("removing drop-in {p}")),
-        }
-        if let Some(parent) = rel.parent()
-            && let Ok(d) = root.dir().open_dir(parent)
-        {
-            node::fsync_dir(&d)?;
+        if state::validate::remove_drop_in(&root, p, false)? == state::validate::DropInRemoval::Removed {
+            tracing::info!(drop_in = %p, "removed drop-in");
         }
     }
     for d in std::iter::once(&st.version_dir).chain(&st.previous_dirs) {

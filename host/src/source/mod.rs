@@ -104,11 +104,54 @@ pub struct Limits {
     pub max_total_size: u64,
     /// Largest layer blob (bytes, compressed).
     pub max_blob_size: u64,
+    /// Most layers an image may have (`--max-layers`).
+    pub max_layers: usize,
+    /// Most decompressed bytes per compressed byte of a layer (`--max-layer-ratio`).
+    pub max_layer_ratio: u64,
+    /// Absolute ceiling of one layer's decompressed bytes (`--max-layer-bytes`).
+    pub max_layer_bytes: u64,
+    /// Most tar entries indexed over all layers read (`--max-index-entries`).
+    pub max_index_entries: u64,
+    /// Most bytes the merged index may hold (`--max-index-bytes`).
+    pub max_index_bytes: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_file_size: 4 << 30, max_total_size: 8 << 30, max_blob_size: 16 << 30 }
+        Limits {
+            max_file_size: 4 << 30,
+            max_total_size: 8 << 30,
+            max_blob_size: 16 << 30,
+            max_layers: 256,
+            max_layer_ratio: crate::extract::layer::DEFAULT_MAX_RATIO,
+            max_layer_bytes: crate::extract::layer::DEFAULT_MAX_LAYER_BYTES,
+            max_index_entries: 250_000,
+            max_index_bytes: 32 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults, overridden by the command-line limit flags.
+    pub fn from_args(a: &crate::cli::LimitArgs) -> Result<Self> {
+        let d = Limits::default();
+        let positive = |v: Option<u64>, flag: &str, default: u64| -> Result<u64> {
+            match v {
+                Some(0) => bail!("{flag} must be at least 1"),
+                Some(v) => Ok(v),
+                None => Ok(default),
+            }
+        };
+        Ok(Limits {
+            max_file_size: positive(a.max_file_bytes, "--max-file-bytes", d.max_file_size)?,
+            max_total_size: positive(a.max_total_bytes, "--max-total-bytes", d.max_total_size)?,
+            max_blob_size: d.max_blob_size,
+            max_layers: positive(a.max_layers.map(|v| v as u64), "--max-layers", d.max_layers as u64)? as usize,
+            max_layer_ratio: positive(a.max_layer_ratio, "--max-layer-ratio", d.max_layer_ratio)?,
+            max_layer_bytes: positive(a.max_layer_bytes, "--max-layer-bytes", d.max_layer_bytes)?,
+            max_index_entries: positive(a.max_index_entries, "--max-index-entries", d.max_index_entries)?,
+            max_index_bytes: positive(a.max_index_bytes, "--max-index-bytes", d.max_index_bytes)?,
+        })
     }
 }
 
@@ -168,12 +211,12 @@ impl RegistryOptions {
                 max_wait: Duration::from_secs(args.retry_budget),
                 ..retry::RetryPolicy::default()
             },
+            limits: Limits::from_args(&args.limits)?,
             trust: crate::trust::TrustOptions {
                 signature_policy: args.signature_policy.clone(),
                 registries_d: args.registries_d.clone(),
                 root: None,
             },
-            ..RegistryOptions::default()
         })
     }
 }
