@@ -16,7 +16,7 @@ use kata_addons_tests::tls::TestCa;
 use serde_json::Value;
 
 /// The global flag that selects another policy component.
-const POLICY_FLAG: &str = "--policy";
+const POLICY_FLAG: &str = "--policy-component";
 
 const VALID: &[(&str, &str)] = &[("addonImage", "quay.io/example/addon:v1"), ("kernelPath", "/boot/vmlinuz")];
 
