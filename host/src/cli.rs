@@ -83,6 +83,12 @@ pub struct RegistryArgs {
     /// Most time spent waiting between retries per pull, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     pub retry_budget: u64,
+    /// Image trust policy, containers-policy.json(5) (default: the node's /etc/containers/policy.json).
+    #[arg(long, value_name = "FILE")]
+    pub signature_policy: Option<PathBuf>,
+    /// Signature storage configuration, containers-registries.d(5) (default: the node's /etc/containers/registries.d).
+    #[arg(long, value_name = "DIR")]
+    pub registries_d: Option<PathBuf>,
 }
 
 /// Where on the node to work.

@@ -97,6 +97,10 @@ fn certs(opts: &RegistryOptions) -> Result<Vec<Vec<u8>>> {
 pub struct Connections {
     clients: std::sync::Mutex<HashMap<String, Arc<RegistryClient>>>,
     budget: std::sync::OnceLock<Arc<RetryBudget>>,
+    /// Trust decisions already made, by endpoint and manifest digest (issue 9).
+    trusted: std::sync::Mutex<HashMap<String, crate::trust::TrustRecord>>,
+    /// The last trust decision made through these connections.
+    last_trust: std::sync::Mutex<Option<crate::trust::TrustRecord>>,
 }
 
 impl Connections {
@@ -117,6 +121,35 @@ impl Connections {
         }
         Ok(client)
     }
+
+    /// The last image trust decision made through these connections.
+    pub fn trust(&self) -> Option<crate::trust::TrustRecord> {
+        self.last_trust.lock().ok().and_then(|t| t.clone())
+    }
+
+    /// Checks the trust policy on a resolved image before anything is read from it (once
+    /// per endpoint and digest).
+    async fn check_trust(
+        &self,
+        opts: &RegistryOptions,
+        image: &ImageRef,
+        resolved: &ResolvedImage,
+        origin: crate::trust::Origin<'_>,
+    ) -> Result<()> {
+        let key = format!("{}|{}", resolved.origin, resolved.top_digest);
+        let cached = self.trusted.lock().ok().and_then(|m| m.get(&key).cloned());
+        let record = match cached {
+            Some(r) => r,
+            None => crate::trust::check(&opts.trust, image, &resolved.top_digest, origin).await?,
+        };
+        if let Ok(mut m) = self.trusted.lock() {
+            m.insert(key, record.clone());
+        }
+        if let Ok(mut t) = self.last_trust.lock() {
+            *t = Some(record);
+        }
+        Ok(())
+    }
 }
 
 /// Tries each endpoint (mirrors first); returns the first success or the primary's error.
@@ -128,6 +161,7 @@ where
     match image {
         ImageRef::Layout { path, tag } => {
             let resolved = layout::resolve(path, tag.as_deref(), &opts.platform).await?;
+            conns.check_trust(opts, image, &resolved, crate::trust::Origin::Layout).await?;
             f(Source::Layout(path.clone()), resolved).await
         }
         ImageRef::Registry { tag, digest, .. } => {
@@ -137,12 +171,13 @@ where
                 let attempt = async {
                     let client = conns.get(opts, &ep, &certs).await?;
                     let resolved = client.resolve(tag.as_deref(), digest.as_deref()).await?;
+                    conns.check_trust(opts, image, &resolved, crate::trust::Origin::Registry(&client)).await?;
                     f(Source::Registry(client), resolved).await
                 }
                 .await;
                 match attempt {
                     Ok(v) => return Ok(v),
-                    Err(e) if ep.mirror => {
+                    Err(e) if ep.mirror && e.downcast_ref::<crate::trust::Refused>().is_none() => {
                         tracing::warn!("mirror {} failed, trying the next source: {e:#}", ep.host);
                         mirror_errors.push(format!("mirror {}: {e:#}", ep.host));
                     }
@@ -434,9 +469,13 @@ pub async fn run_fetch(image: &str, paths: &[String], dest: &Path, registry: &cr
         }
         wanted.push(Wanted { path: p.clone(), dest_name: base });
     }
-    let report = fetch_files(&opts, &image, &wanted, &dir).await?;
+    let conns = Connections::new();
+    let report = fetch_files_with(&opts, &conns, &image, &wanted, &dir).await?;
     println!("image {image}");
     println!("manifest {}", report.manifest_digest);
+    if let Some(t) = conns.trust() {
+        println!("trust {}", t.summary());
+    }
     println!("layers read {} of {}", report.layers_read.len(), report.layer_count);
     for f in &report.files {
         println!("{}  {}  {}  {}", f.sha256, f.size, dest.join(&f.dest_name).display(), f.path);

@@ -121,6 +121,19 @@ pub async fn install(
 ) -> Result<Outcome> {
     let started = Instant::now();
     let root = Root::open(&node_args.root)?;
+    // Image trust first (issue 9): nothing is written on the node for an image the policy
+    // refuses. A policy that needs signatures is checked on the resolved digest now.
+    let image = image_ref(plan);
+    let conns = fetch::Connections::new();
+    let mut trust = match crate::trust::gate(&registry.trust, &image)? {
+        crate::trust::Gate::Decided(r) => Some(r),
+        crate::trust::Gate::NeedsSignatures => {
+            fetch::resolve_digest_with(registry, &conns, &image)
+                .await
+                .with_context(|| format!("resolving {}", plan.image))?;
+            conns.trust()
+        }
+    };
     let _lock = lock_node(&root, Duration::from_secs(node_args.lock_timeout)).await?;
     let t = target(&root, plan)?;
     tracing::info!(
@@ -131,10 +144,8 @@ pub async fn install(
         "resolved runtime config"
     );
     let old = state::read(&t.addons)?;
-    let image = image_ref(plan);
 
     // One connection per endpoint for resolving and fetching: authenticate once.
-    let conns = fetch::Connections::new();
     // A digest-pinned reference that is already installed needs no registry round trip:
     // the content is immutable and the files are verified below (offline restarts work).
     let digest = match (layout::pinned_digest(plan), &old) {
@@ -162,6 +173,9 @@ pub async fn install(
     remove_entry(&t.addons, &staging)?;
     t.addons.create_dir(&staging).with_context(|| format!("creating staging directory {staging}"))?;
     let staged = stage(registry, &conns, &image, plan, &t, &staging).await;
+    if let Some(r) = conns.trust() {
+        trust = Some(r);
+    }
     let (report_digest, files) = match staged {
         Ok(v) => v,
         Err(e) => {
@@ -233,6 +247,7 @@ pub async fn install(
         }],
         previous_dirs,
         previous_drop_ins,
+        trust,
     };
     if let Err(e) = state::write(&t.addons, &st) {
         let _ = t.config_dir.remove_file(&tmp_name);

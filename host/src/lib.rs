@@ -16,6 +16,7 @@ pub mod preview;
 pub mod progress;
 pub mod source;
 pub mod state;
+pub mod trust;
 pub mod webhook;
 
 use std::process::ExitCode;
@@ -78,7 +79,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
             let (_, plan) = preview::plan(&policy, &input)?;
-            let opts = source::RegistryOptions::from_args(&registry)?;
+            let mut opts = source::RegistryOptions::from_args(&registry)?;
+            opts.trust.root = Some(node.root.clone());
             match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
                 install::Outcome::UpToDate(st) => {
                     println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest)
@@ -90,6 +92,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     for d in &st.drop_ins {
                         println!("  drop-in {}", d.path);
+                    }
+                    if let Some(t) = &st.trust {
+                        println!("  trust   {}", t.summary());
                     }
                 }
             }
@@ -123,6 +128,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         for d in &s.drop_ins {
                             println!("  drop-in {}  (for {})", d.path, d.runtime_config);
                         }
+                        if let Some(t) = &s.trust {
+                            println!("  trust   {}", t.summary());
+                        }
                         if st.problems.is_empty() {
                             println!("healthy: every file and the drop-in match the state");
                         } else {
@@ -152,7 +160,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let d = daemon::Daemon {
                 action,
                 config,
-                registry: source::RegistryOptions::from_args(&registry)?,
+                registry: {
+                    let mut o = source::RegistryOptions::from_args(&registry)?;
+                    o.trust.root = Some(node.root.clone());
+                    o
+                },
                 node,
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),

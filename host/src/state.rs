@@ -71,6 +71,9 @@ pub struct State {
     /// still to be removed (crash recovery).
     #[serde(default)]
     pub previous_drop_ins: Vec<String>,
+    /// The image trust decision (policy.json) that admitted the installed image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<crate::trust::TrustRecord>,
 }
 
 /// Reads the state from the install directory; `None` when nothing is installed.
@@ -144,6 +147,7 @@ impl StateV1 {
             }],
             previous_dirs: self.previous_dirs,
             previous_drop_ins: self.previous_drop_ins,
+            trust: None,
         }
     }
 }

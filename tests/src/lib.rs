@@ -7,11 +7,13 @@
 //! - [`proxy`]: a fault-injecting HTTP proxy (503s, cut connections, stalls) with a request log;
 //! - [`tls`]: a test CA and server certificate made with the `openssl` command;
 //! - [`admission`]: an HTTPS client and AdmissionReview bodies for `kata-addons webhook`;
+//! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
 //! - [`node`]: a throwaway node root with sample Kata configs, snapshots, effective config;
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
 
 pub mod admission;
+pub mod fileserver;
 pub mod guests;
 pub mod image;
 pub mod node;

@@ -96,12 +96,13 @@ pub async fn resolve(root: &Path, tag: Option<&str>, platform: &Platform) -> Res
         digest: entry.digest.clone(),
         size: u64::try_from(entry.size).context("negative size in index.json")?,
     };
+    let top_digest = desc.digest.clone();
     for _ in 0..4 {
         let body = read_verified(root, &desc).await.with_context(|| format!("{origin}: manifest {}", desc.digest))?;
         match manifest::parse(&body, Some(&desc.media_type), platform, &origin)? {
             Parsed::Index(d) => desc = d,
             Parsed::Manifest(layers) => {
-                return Ok(ResolvedImage { manifest_digest: desc.digest, layers, origin });
+                return Ok(ResolvedImage { manifest_digest: desc.digest, top_digest, layers, origin });
             }
         }
     }

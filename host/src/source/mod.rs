@@ -260,6 +260,8 @@ pub struct RegistryOptions {
     pub retry: retry::RetryPolicy,
     /// Extraction size limits.
     pub limits: Limits,
+    /// Image trust policy files (policy.json, registries.d).
+    pub trust: crate::trust::TrustOptions,
 }
 
 impl Default for RegistryOptions {
@@ -273,6 +275,7 @@ impl Default for RegistryOptions {
             timeout: Duration::from_secs(30),
             retry: retry::RetryPolicy::default(),
             limits: Limits::default(),
+            trust: crate::trust::TrustOptions::default(),
         }
     }
 }
@@ -299,6 +302,11 @@ impl RegistryOptions {
                 max_wait: Duration::from_secs(args.retry_budget),
                 ..retry::RetryPolicy::default()
             },
+            trust: crate::trust::TrustOptions {
+                signature_policy: args.signature_policy.clone(),
+                registries_d: args.registries_d.clone(),
+                root: None,
+            },
             ..RegistryOptions::default()
         })
     }
@@ -320,6 +328,9 @@ pub struct Descriptor {
 pub struct ResolvedImage {
     /// Digest of the platform manifest (`sha256:…`).
     pub manifest_digest: String,
+    /// Digest of the manifest the reference named (the index for a multi-platform image):
+    /// what signatures sign.
+    pub top_digest: String,
     /// Layers, bottom first (manifest order).
     pub layers: Vec<Descriptor>,
     /// Human-readable name of where the image came from (for messages).

@@ -232,11 +232,12 @@ impl RegistryClient {
         let origin = format!("registry {}", self.name());
         let first = digest.or(tag).unwrap_or("latest").to_string();
         let (mut body, mut dgst, mut ct) = self.fetch_manifest(&first, digest).await?;
+        let top_digest = dgst.clone();
         for _ in 0..4 {
             let what = format!("{origin} ({first})");
             match manifest::parse(&body, ct.as_deref(), &self.opts.platform, &what)? {
                 Parsed::Manifest(layers) => {
-                    return Ok(ResolvedImage { manifest_digest: dgst, layers, origin });
+                    return Ok(ResolvedImage { manifest_digest: dgst, top_digest, layers, origin });
                 }
                 Parsed::Index(d) => {
                     if d.size > MAX_MANIFEST_SIZE {
@@ -250,6 +251,70 @@ impl RegistryClient {
             }
         }
         bail!("{origin}: image indexes nested too deeply")
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The HTTP client of this endpoint (its TLS settings), for lookaside signature servers.
+    pub fn http_client(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Fetches a manifest by tag when it exists (`None` on HTTP 404), at most `cap` bytes:
+    /// sigstore attachments (`sha256-<hex>.sig`).
+    pub async fn optional_manifest(&self, tag: &str, cap: u64) -> Result<Option<Vec<u8>>> {
+        let url = format!("{}://{}/v2/{}/manifests/{tag}", self.scheme(), self.host(), self.endpoint.repository);
+        let what = format!("registry {}: manifest {tag}", self.name());
+        with_retry(self.retries(), self.opts.timeout, &what, || async {
+            let resp = self
+                .authorize(self.http.get(&url))
+                .header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "))
+                .send()
+                .await
+                .map_err(classify_reqwest)?;
+            let status = resp.status();
+            if super::retry::transient_status(status) {
+                return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}")));
+            }
+            match status.as_u16() {
+                200 => {}
+                404 => return Ok(None),
+                _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
+            }
+            let mut body = Vec::new();
+            let mut stream = resp.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(classify_reqwest)?;
+                if body.len() as u64 + chunk.len() as u64 > cap {
+                    return Err(Failure::Fatal(anyhow!("larger than the {cap} byte limit")));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(Some(body))
+        })
+        .await
+    }
+
+    /// Reads a small blob whole (at most `cap` bytes), checking its size and digest.
+    pub async fn read_small_blob(self: &Arc<Self>, desc: &Descriptor, cap: u64) -> Result<Vec<u8>> {
+        if desc.size > cap {
+            bail!("blob {} is {} bytes, more than the {cap} byte limit", desc.digest, desc.size);
+        }
+        let mut blob = self.open_blob(desc);
+        let mut body = Vec::new();
+        while let Some(chunk) = blob.next_chunk().await? {
+            if body.len() as u64 + chunk.len() as u64 > desc.size {
+                bail!("blob {} is larger than its descriptor says", desc.digest);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        if manifest::sha256_digest(&body) != desc.digest {
+            bail!("blob {} does not match its digest", desc.digest);
+        }
+        Ok(body)
     }
 
     /// Opens a layer blob for streaming.
