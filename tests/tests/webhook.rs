@@ -20,7 +20,11 @@ use serde_json::Value;
 fn policy_flag() -> &'static str {
     use clap::CommandFactory;
     let cli = kata_addons::cli::Cli::command();
-    if cli.get_arguments().any(|a| a.get_long() == Some("policy-component")) { "--policy-component" } else { "--policy" }
+    if cli.get_arguments().any(|a| a.get_long() == Some("policy-component")) {
+        "--policy-component"
+    } else {
+        "--policy"
+    }
 }
 
 const VALID: &[(&str, &str)] = &[("addonImage", "quay.io/example/addon:v1"), ("kernelPath", "/boot/vmlinuz")];

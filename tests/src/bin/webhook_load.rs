@@ -25,7 +25,13 @@ fn ms(d: Duration) -> String {
 }
 
 /// Runs `conns` connections for `secs` seconds; returns sorted latencies and errors.
-async fn cell(client: &Client, proto: Proto, body: &serde_json::Value, conns: usize, secs: f64) -> (Vec<Duration>, usize) {
+async fn cell(
+    client: &Client,
+    proto: Proto,
+    body: &serde_json::Value,
+    conns: usize,
+    secs: f64,
+) -> (Vec<Duration>, usize) {
     let stop = Instant::now() + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
     for _ in 0..conns {
@@ -101,7 +107,9 @@ fn main() {
         }
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", hook.pid())).unwrap_or_default();
-    let field = |k: &str| status.lines().find(|l| l.starts_with(k)).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string());
+    let field = |k: &str| {
+        status.lines().find(|l| l.starts_with(k)).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
+    };
     println!();
     println!(
         "server memory: peak RSS (VmHWM) {} kB, RSS now {} kB, threads {}",
