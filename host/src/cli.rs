@@ -19,9 +19,9 @@ pub struct Cli {
 /// Options accepted by every command.
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
-    /// Run this policy component instead of the embedded one.
+    /// Run this policy component (Wasm) instead of the embedded one.
     #[arg(long, global = true, value_name = "FILE")]
-    pub policy: Option<PathBuf>,
+    pub policy_component: Option<PathBuf>,
     /// Longest time one policy call may run, in seconds.
     #[arg(long, global = true, value_name = "SECONDS", default_value_t = 1.0)]
     pub policy_timeout: f64,
@@ -56,19 +56,25 @@ pub struct ConfigArgs {
     pub configmap_dir: Option<PathBuf>,
 }
 
-/// How to reach registries.
+/// How to reach registries. Defaults: the node's own files beneath `--root` (DESIGN.md §6).
 #[derive(Debug, Clone, Default, Args)]
 pub struct RegistryArgs {
-    /// containers auth.json / docker config.json with credentials.
+    /// The only auth file read (containers auth.json / docker config.json); default: the
+    /// containers-auth.json(5) search with the node pull secret `ROOT/var/lib/kubelet/config.json`.
     #[arg(long, value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
-    /// containers-registries.conf (v2) with mirrors, insecure and blocked registries.
+    /// containers-registries.conf (v2 or v1) instead of `ROOT/etc/containers/registries.conf`.
     #[arg(long, value_name = "FILE")]
     pub registries_conf: Option<PathBuf>,
-    /// Directory of extra CA certificates (`*.crt`).
+    /// Drop-in directory instead of `ROOT/etc/containers/registries.conf.d`.
     #[arg(long, value_name = "DIR")]
-    pub cert_dir: Option<PathBuf>,
-    /// Use plain HTTP for this registry (repeatable).
+    pub registries_conf_dir: Option<PathBuf>,
+    /// Certificates directory (repeatable) instead of the node's certs.d: `*.crt`, `*.cert`/`*.key`
+    /// directly in DIR apply to every registry, `DIR/<host[:port]>/` to that host only.
+    #[arg(long, value_name = "DIR")]
+    pub cert_dir: Vec<PathBuf>,
+    /// Treat this registry as registries.conf `insecure = true`: HTTPS without certificate
+    /// verification, then plain HTTP (repeatable).
     #[arg(long, value_name = "HOST[:PORT]")]
     pub insecure_registry: Vec<String>,
     /// Platform to select from an image index (default: this machine's).
@@ -89,6 +95,36 @@ pub struct RegistryArgs {
     /// Signature storage configuration, containers-registries.d(5) (default: the node's /etc/containers/registries.d).
     #[arg(long, value_name = "DIR")]
     pub registries_d: Option<PathBuf>,
+    /// Resource caps on what an image may make the runner do.
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Resource caps on image content (README "Limits"); every one refuses with a clear error.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LimitArgs {
+    /// Most layers an image may have [default: 256].
+    #[arg(long, value_name = "N")]
+    pub max_layers: Option<usize>,
+    /// Most decompressed bytes per compressed byte of a layer (layers under 64 MiB
+    /// decompressed are always allowed) [default: 256].
+    #[arg(long, value_name = "RATIO")]
+    pub max_layer_ratio: Option<u64>,
+    /// Most decompressed bytes of one layer, whatever its ratio [default: 32 GiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_layer_bytes: Option<u64>,
+    /// Most tar entries indexed over the layers read [default: 250000].
+    #[arg(long, value_name = "N")]
+    pub max_index_entries: Option<u64>,
+    /// Most bytes of that index (paths plus 96 bytes per entry) [default: 32 MiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_index_bytes: Option<u64>,
+    /// Largest extracted file [default: 4 GiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_file_bytes: Option<u64>,
+    /// Largest sum of extracted files [default: 8 GiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_total_bytes: Option<u64>,
 }
 
 /// Where on the node to work.
@@ -128,6 +164,9 @@ pub enum Command {
         /// Registry access.
         #[command(flatten)]
         registry: RegistryArgs,
+        /// Root whose registry configuration (etc/containers, pull secret) is read.
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        root: PathBuf,
     },
     /// Pull, verify, install and commit the addon on this node.
     Install {
@@ -194,7 +233,7 @@ pub enum Command {
 /// `policy` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
-    /// Write the policy component (embedded, or `--policy`) to FILE.
+    /// Write the policy component (embedded, or `--policy-component`) to FILE.
     Export {
         /// Destination file.
         file: PathBuf,

@@ -13,7 +13,48 @@ use crate::cli::ConfigArgs;
 use crate::policy::KeyValue;
 
 /// Largest ConfigMap file or key file accepted (Kubernetes caps a ConfigMap at 1 MiB).
-const MAX_BYTES: u64 = 1 << 20;
+pub const MAX_BYTES: u64 = 1 << 20;
+
+/// Most keys (ConfigMap keys or `ADDON_*` variables) passed to the policy: the contract
+/// knows 9, so this leaves room for typos while bounding the policy's work (a did-you-mean
+/// per unknown key) and its violation list.
+pub const MAX_KEYS: usize = 128;
+
+/// Longest key name (Kubernetes' own limit for ConfigMap keys).
+pub const MAX_KEY_LEN: usize = 253;
+
+/// The configuration itself is invalid (unparsable, wrong kind, over a limit): exit 2.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+fn invalid(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(ConfigError(msg.into()))
+}
+
+/// Whether an error (anywhere in its chain) means invalid configuration (exit 2).
+pub fn is_invalid_config(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.is::<ConfigError>() || is_rejection(e))
+}
+
+fn is_rejection(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(e.downcast_ref::<crate::policy::PolicyError>(), Some(crate::policy::PolicyError::Rejected(_)))
+}
+
+/// Refuses a key list over [`MAX_KEYS`] or with a key name over [`MAX_KEY_LEN`].
+fn check_counts(origin: &str, data: &[KeyValue]) -> Result<()> {
+    if data.len() > MAX_KEYS {
+        return Err(invalid(format!("{origin} has {} keys, more than the limit of {MAX_KEYS}", data.len())));
+    }
+    if let Some(kv) = data.iter().find(|kv| kv.name.len() > MAX_KEY_LEN) {
+        return Err(invalid(format!(
+            "{origin} has a key of {} bytes, more than the limit of {MAX_KEY_LEN} (starts {:?})",
+            kv.name.len(),
+            kv.name.chars().take(32).collect::<String>()
+        )));
+    }
+    Ok(())
+}
 
 /// Env vars starting with this prefix are the addon configuration.
 pub const ENV_PREFIX: &str = "ADDON_";
@@ -50,25 +91,35 @@ impl Input {
                 (file.display().to_string(), read_text(file)?)
             };
             if text.len() as u64 > MAX_BYTES {
-                bail!("ConfigMap {origin} is larger than {MAX_BYTES} bytes");
+                return Err(invalid(format!("ConfigMap {origin} is larger than the limit of {MAX_BYTES} bytes")));
             }
-            let data = parse_configmap(&text).with_context(|| format!("reading ConfigMap {origin}"))?;
+            let data = parse_configmap(&text)
+                .map_err(|e| invalid(format!("{e:#}")))
+                .with_context(|| format!("reading ConfigMap {origin}"))?;
+            check_counts(&format!("ConfigMap {origin}"), &data)?;
             return Ok(Input::ConfigMap { origin, data });
         }
         if let Some(dir) = &args.configmap_dir {
             let data = read_configmap_dir(dir)?;
+            check_counts(&format!("ConfigMap directory {}", dir.display()), &data)?;
             return Ok(Input::ConfigMap { origin: dir.display().to_string(), data });
         }
-        Ok(Input::Env(from_env(std::env::vars_os())?))
+        let env = from_env(std::env::vars_os())?;
+        check_counts("the ADDON_* environment", &env)?;
+        Ok(Input::Env(env))
     }
 }
 
 fn read_text(path: &Path) -> Result<String> {
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut s = String::new();
-    f.take(MAX_BYTES + 1)
-        .read_to_string(&mut s)
-        .with_context(|| format!("reading {} (it must be UTF-8 text)", path.display()))?;
+    f.take(MAX_BYTES + 1).read_to_string(&mut s).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            invalid(format!("{} is not UTF-8 text", path.display()))
+        } else {
+            anyhow::Error::new(e).context(format!("reading {}", path.display()))
+        }
+    })?;
     Ok(s)
 }
 
@@ -126,19 +177,63 @@ fn kind_of(v: &serde_norway::Value) -> &'static str {
     }
 }
 
-/// Reads a ConfigMap mounted as a volume: one file per key. Kubernetes' own entries
-/// (`..data`, `..<timestamp>`) and other dot-files are skipped.
+/// Reads a ConfigMap mounted as a volume: one file per key. When kubelet's `..data` link
+/// is there, it is resolved once and every key is read from that one generation directory
+/// (kubelet swaps `..data` atomically; reading `key -> ..data/key` links one by one could
+/// mix two generations). If the generation is replaced while it is read, the read starts
+/// over, so the result is always one consistent set. Other dot-files are skipped.
 pub fn read_configmap_dir(dir: &Path) -> Result<Vec<KeyValue>> {
+    let mut last_err = None;
+    for _ in 0..10 {
+        let generation = match std::fs::read_link(dir.join("..data")) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => None, // not a symlink
+            Err(e) => return Err(e).with_context(|| format!("reading {}/..data", dir.display())),
+        };
+        let Some(generation) = generation else { return read_key_files(dir) };
+        let name = generation.to_str().unwrap_or_default();
+        if name.is_empty() || name.contains('/') || !name.starts_with("..") || name == ".." {
+            bail!("{}/..data points at {generation:?}, not a generation directory beside it", dir.display());
+        }
+        let gen_dir = dir.join(name);
+        let read = read_key_files(&gen_dir);
+        let still = std::fs::read_link(dir.join("..data")).ok();
+        match read {
+            Ok(v) if still.as_deref() == Some(generation.as_path()) => return Ok(v),
+            Ok(_) => tracing::debug!("ConfigMap {} changed while it was read; reading again", dir.display()),
+            Err(e) => {
+                if still.as_deref() == Some(generation.as_path()) {
+                    return Err(e);
+                }
+                last_err = Some(e);
+            }
+        }
+    }
+    Err(last_err.unwrap_or_else(|| anyhow::anyhow!("ConfigMap {} keeps changing while it is read", dir.display())))
+}
+
+/// Reads every regular, non-dot file of `dir` as one key.
+fn read_key_files(dir: &Path) -> Result<Vec<KeyValue>> {
     let entries = std::fs::read_dir(dir).with_context(|| format!("reading ConfigMap directory {}", dir.display()))?;
     let mut out = BTreeMap::new();
     for entry in entries {
         let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
         let name = entry.file_name();
         let Some(key) = name.to_str() else {
-            bail!("ConfigMap directory {} holds a file whose name is not UTF-8: {:?}", dir.display(), name);
+            return Err(invalid(format!(
+                "ConfigMap directory {} holds a file whose name is not UTF-8: {name:?}",
+                dir.display()
+            )));
         };
         if key.starts_with('.') {
             continue;
+        }
+        if out.len() >= MAX_KEYS {
+            return Err(invalid(format!(
+                "ConfigMap directory {} has more than the limit of {MAX_KEYS} keys",
+                dir.display()
+            )));
         }
         let path: PathBuf = entry.path();
         if !path.is_file() {
@@ -146,7 +241,10 @@ pub fn read_configmap_dir(dir: &Path) -> Result<Vec<KeyValue>> {
         }
         let value = read_text(&path).with_context(|| format!("reading ConfigMap key `{key}`"))?;
         if value.len() as u64 > MAX_BYTES {
-            bail!("ConfigMap key file {} is larger than {MAX_BYTES} bytes", path.display());
+            return Err(invalid(format!(
+                "ConfigMap key file {} is larger than the limit of {MAX_BYTES} bytes",
+                path.display()
+            )));
         }
         out.insert(key.to_string(), KeyValue { name: key.to_string(), value });
     }

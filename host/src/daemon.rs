@@ -95,7 +95,7 @@ impl Daemon {
                             tracing::error!(error = %format!("{e:#}"), "the changed ConfigMap could not be applied; the node keeps the last good addon");
                             // An invalid configuration stays invalid: do not retry it on every tick.
                             // Operational failures (registry down, disk full) are retried.
-                            if e.downcast_ref::<crate::policy::PolicyError>().is_some() {
+                            if crate::configmap::is_invalid_config(&e) || e.downcast_ref::<crate::policy::PolicyError>().is_some() {
                                 applied = Some(input);
                             }
                         }

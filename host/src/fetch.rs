@@ -10,8 +10,8 @@ use cap_std::fs::Dir;
 use sha2::Digest;
 
 use crate::extract::layer::{self, Capture, Compression, LayerJob, Mode, TMP_PREFIX, TempFiles};
-use crate::extract::{LayerIndex, Resolution, View, check_wanted_path};
-use crate::source::registries_conf::{Endpoint, RegistriesConf};
+use crate::extract::{IndexBudget, LayerIndex, Resolution, View, check_wanted_path};
+use crate::source::endpoints::{Endpoint, NodeConfig};
 use crate::source::registry::RegistryClient;
 use crate::source::retry::RetryBudget;
 use crate::source::{BlobReader, Descriptor, ImageRef, RegistryOptions, ResolvedImage, layout};
@@ -74,28 +74,15 @@ fn check_dest_name(n: &str) -> Result<()> {
     Ok(())
 }
 
-fn endpoints(opts: &RegistryOptions, image: &ImageRef) -> Result<Vec<Endpoint>> {
-    let ImageRef::Registry { registry, repository, digest, .. } = image else {
-        return Ok(Vec::new());
-    };
-    let conf = RegistriesConf::load(opts.registries_conf.as_deref())?;
-    conf.endpoints(registry, repository, digest.is_some(), &opts.insecure_registries)
-}
-
-fn certs(opts: &RegistryOptions) -> Result<Vec<Vec<u8>>> {
-    match &opts.cert_dir {
-        Some(d) => crate::source::tls::load_cert_dir(d),
-        None => Ok(Vec::new()),
-    }
-}
-
 /// Registry connections (authenticated clients) kept across calls, one per endpoint, so that
 /// resolving an image and then fetching from it connects and authenticates once. Building a
-/// client loads the system CA roots, which costs milliseconds each time.
+/// client loads the system CA roots, which costs milliseconds each time. The node
+/// configuration (registries.conf, certs.d, auth files) is read once per `Connections`.
 /// They share one retry budget: a `Connections` is one pull.
 #[derive(Default)]
 pub struct Connections {
     clients: std::sync::Mutex<HashMap<String, Arc<RegistryClient>>>,
+    config: std::sync::Mutex<Option<Arc<NodeConfig>>>,
     budget: std::sync::OnceLock<Arc<RetryBudget>>,
     /// Trust decisions already made, by endpoint and manifest digest (issue 9).
     trusted: std::sync::Mutex<HashMap<String, crate::trust::TrustRecord>>,
@@ -109,13 +96,32 @@ impl Connections {
         Self::default()
     }
 
-    async fn get(&self, opts: &RegistryOptions, ep: &Endpoint, certs: &[Vec<u8>]) -> Result<Arc<RegistryClient>> {
+    /// The node configuration, read on first use.
+    pub fn config(&self, opts: &RegistryOptions) -> Result<Arc<NodeConfig>> {
+        let mut guard = self.config.lock().map_err(|_| anyhow::anyhow!("internal: configuration lock poisoned"))?;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(opts.node.load()?);
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    /// An authenticated client for `ep` (for example the endpoint a manifest came from,
+    /// [`ResolvedImage::endpoint`]), connecting on first use.
+    pub async fn client(&self, opts: &RegistryOptions, ep: &Endpoint) -> Result<Arc<RegistryClient>> {
         let key = format!("{}|{}|{}", ep.host, ep.repository, ep.insecure);
         if let Some(c) = self.clients.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(c);
         }
+        if let Some(b) = &ep.blocked_by {
+            bail!("{}: {b}", ep.describe());
+        }
+        let config = self.config(opts)?;
+        let tls = config.tls_for(ep)?;
+        let auth = config.auth_for(ep)?;
         let budget = self.budget.get_or_init(|| Arc::new(RetryBudget::new(opts.retry.clone()))).clone();
-        let client = Arc::new(RegistryClient::connect(opts, ep, certs, budget).await?);
+        let client = Arc::new(RegistryClient::connect(opts, ep, &tls, auth, budget).await?);
         if let Ok(mut m) = self.clients.lock() {
             m.insert(key, client.clone());
         }
@@ -164,12 +170,15 @@ where
             conns.check_trust(opts, image, &resolved, crate::trust::Origin::Layout).await?;
             f(Source::Layout(path.clone()), resolved).await
         }
-        ImageRef::Registry { tag, digest, .. } => {
-            let certs = certs(opts)?;
+        ImageRef::Registry { registry, repository, tag, digest } => {
+            let config = conns.config(opts)?;
             let mut mirror_errors = Vec::new();
-            for ep in endpoints(opts, image)? {
+            for ep in config.endpoints(registry, repository, digest.is_some())? {
+                if let Some(d) = &ep.decided_by {
+                    tracing::debug!("trying {} ({d})", ep.describe());
+                }
                 let attempt = async {
-                    let client = conns.get(opts, &ep, &certs).await?;
+                    let client = conns.client(opts, &ep).await?;
                     let resolved = client.resolve(tag.as_deref(), digest.as_deref()).await?;
                     conns.check_trust(opts, image, &resolved, crate::trust::Origin::Registry(&client)).await?;
                     f(Source::Registry(client), resolved).await
@@ -178,14 +187,14 @@ where
                 match attempt {
                     Ok(v) => return Ok(v),
                     Err(e) if ep.mirror && e.downcast_ref::<crate::trust::Refused>().is_none() => {
-                        tracing::warn!("mirror {} failed, trying the next source: {e:#}", ep.host);
-                        mirror_errors.push(format!("mirror {}: {e:#}", ep.host));
+                        tracing::warn!("{} failed, trying the next endpoint: {e:#}", ep.describe());
+                        mirror_errors.push(format!("{}: {e:#}", ep.describe()));
                     }
                     Err(e) => {
                         if mirror_errors.is_empty() {
                             return Err(e);
                         }
-                        return Err(e.context(format!("every source failed ({})", mirror_errors.join("; "))));
+                        return Err(e.context(format!("mirrors also failed: {}", mirror_errors.join("; "))));
                     }
                 }
             }
@@ -201,9 +210,13 @@ pub async fn resolve_digest(opts: &RegistryOptions, image: &ImageRef) -> Result<
 
 /// [`resolve_digest`], reusing (and keeping) the connections in `conns`.
 pub async fn resolve_digest_with(opts: &RegistryOptions, conns: &Connections, image: &ImageRef) -> Result<String> {
-    over_endpoints(opts, conns, image, |_, r| async move { Ok(r.manifest_digest) })
-        .await
-        .with_context(|| format!("resolve {image}"))
+    Ok(resolve_with(opts, conns, image).await?.manifest_digest)
+}
+
+/// Resolves an image to its platform manifest, with the endpoint (mirror or source) that
+/// served it ([`ResolvedImage::endpoint`]; `conns.client(opts, endpoint)` talks to it again).
+pub async fn resolve_with(opts: &RegistryOptions, conns: &Connections, image: &ImageRef) -> Result<ResolvedImage> {
+    over_endpoints(opts, conns, image, |_, r| async move { Ok(r) }).await.with_context(|| format!("resolve {image}"))
 }
 
 /// Fetches the wanted files of `image` into `dest` (temporary name, fsync, rename; mode 0644).
@@ -261,6 +274,7 @@ async fn read_layer(
     mode: Mode,
     temps: &TempFiles,
     total: &Arc<AtomicU64>,
+    budget: &Arc<IndexBudget>,
 ) -> Result<layer::LayerOutput> {
     let compression =
         Compression::from_media_type(&desc.media_type).with_context(|| format!("layer {}", desc.digest))?;
@@ -279,6 +293,8 @@ async fn read_layer(
         max_file_size: opts.limits.max_file_size,
         max_total_size: opts.limits.max_total_size,
         total: total.clone(),
+        max_decompressed: layer::layer_cap(desc.size, opts.limits.max_layer_ratio, opts.limits.max_layer_bytes),
+        budget: budget.clone(),
     };
     let thread = tokio::task::spawn_blocking(move || layer::run(job, rx));
     let bar = crate::progress::layer(&desc.digest, desc.size);
@@ -340,6 +356,14 @@ async fn extract(
         Compression::from_media_type(&l.media_type).with_context(|| format!("layer {}", l.digest))?;
     }
     let n = resolved.layers.len();
+    if n > opts.limits.max_layers {
+        bail!(
+            "{}: the image has {n} layers, more than the limit of {} (--max-layers)",
+            resolved.origin,
+            opts.limits.max_layers
+        );
+    }
+    let budget = Arc::new(IndexBudget::new(opts.limits.max_index_entries, opts.limits.max_index_bytes));
     let top_first: Vec<&Descriptor> = resolved.layers.iter().rev().collect();
     let total = Arc::new(AtomicU64::new(0));
     let mut indexes: Vec<Arc<LayerIndex>> = Vec::new();
@@ -348,7 +372,8 @@ async fn extract(
     let mut results: Vec<Resolution> = Vec::new();
     for (k, desc) in top_first.iter().enumerate() {
         let out =
-            read_layer(opts, source, desc, k, indexes.clone(), Mode::Discover(paths.to_vec()), temps, &total).await?;
+            read_layer(opts, source, desc, k, indexes.clone(), Mode::Discover(paths.to_vec()), temps, &total, &budget)
+                .await?;
         layers_read.push(desc.digest.clone());
         tracing::debug!("layer {k} {}: {} entries", desc.digest, out.index.len());
         indexes.push(Arc::new(out.index));
@@ -387,7 +412,8 @@ async fn extract(
         let set = reread.remove(&k).unwrap_or_default();
         let desc = top_first[k];
         tracing::debug!("reading layer {} again for {:?}", desc.digest, set);
-        let out = read_layer(opts, source, desc, k, indexes[..k].to_vec(), Mode::Exact(set), temps, &total).await?;
+        let out =
+            read_layer(opts, source, desc, k, indexes[..k].to_vec(), Mode::Exact(set), temps, &total, &budget).await?;
         layers_read.push(desc.digest.clone());
         for (p, c) in out.captures {
             if let Some(old) = captures.insert((k, p), c) {
@@ -454,8 +480,14 @@ fn sync_dir(dir: &Dir) -> Result<()> {
 
 /// `kata-addons fetch`: fetch the paths into `dest` (created if missing) and print
 /// each file with its sha256 and size.
-pub async fn run_fetch(image: &str, paths: &[String], dest: &Path, registry: &crate::cli::RegistryArgs) -> Result<()> {
-    let opts = RegistryOptions::from_args(registry)?;
+pub async fn run_fetch(
+    image: &str,
+    paths: &[String],
+    dest: &Path,
+    registry: &crate::cli::RegistryArgs,
+    root: &Path,
+) -> Result<()> {
+    let opts = RegistryOptions::from_args(registry, root)?;
     let image = ImageRef::parse(image)?;
     std::fs::create_dir_all(dest).with_context(|| format!("create {}", dest.display()))?;
     let dir = Dir::open_ambient_dir(dest, cap_std::ambient_authority())

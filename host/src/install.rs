@@ -91,15 +91,13 @@ fn target(root: &Root, plan: &Plan) -> Result<Target> {
 }
 
 /// The image reference of a plan, in the fetch layer's terms.
-pub fn image_ref(plan: &Plan) -> ImageRef {
+pub fn image_ref(plan: &Plan) -> Result<ImageRef> {
     match &plan.source {
-        ImageSource::Registry(r) => ImageRef::Registry {
-            registry: r.registry.clone(),
-            repository: r.repository.clone(),
-            tag: r.tag.clone(),
-            digest: r.digest.clone(),
-        },
-        ImageSource::Layout(l) => ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() },
+        // The guest validated the reference; the host's one parser checks it again.
+        ImageSource::Registry(r) => {
+            ImageRef::registry(&r.registry, &r.repository, r.tag.as_deref(), r.digest.as_deref())
+        }
+        ImageSource::Layout(l) => Ok(ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() }),
     }
 }
 
@@ -123,7 +121,7 @@ pub async fn install(
     let root = Root::open(&node_args.root)?;
     // Image trust first (issue 9): nothing is written on the node for an image the policy
     // refuses. A policy that needs signatures is checked on the resolved digest now.
-    let image = image_ref(plan);
+    let image = image_ref(plan)?;
     let conns = fetch::Connections::new();
     let mut trust = match crate::trust::gate(&registry.trust, &image)? {
         crate::trust::Gate::Decided(r) => Some(r),
@@ -392,10 +390,8 @@ fn up_to_date(policy: &Policy, plan: &Plan, digest: &str, st: &State, t: &Target
 /// staging directories, then records that nothing is pending.
 fn gc(root: &Root, t: &Target, st: &mut State) -> Result<()> {
     for p in &st.previous_drop_ins {
-        match root.dir().remove_file(node::rel_path(p)) {
-            Ok(()) => tracing::info!(step = "gc", drop_in = %p, "removed obsolete drop-in"),
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("removing obsolete drop-in {p}")),
+        if state::validate::remove_drop_in(root, p, false)? == state::validate::DropInRemoval::Removed {
+            tracing::info!(step = "gc", drop_in = %p, "removed obsolete drop-in");
         }
     }
     for d in &st.previous_dirs {
@@ -448,16 +444,8 @@ pub fn uninstall(node_args: &NodeArgs) -> Result<Removed> {
     let Some(addons) = open_addons(&root)? else { return Ok(Removed::Nothing) };
     let Some(st) = state::read(&addons)? else { return Ok(Removed::Nothing) };
     for p in st.drop_ins.iter().map(|d| &d.path).chain(&st.previous_drop_ins) {
-        let rel = node::rel_path(p);
-        match root.dir().remove_file(&rel) {
-            Ok(()) => tracing::info!(drop_in = %p, "removed drop-in"),
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("removing drop-in {p}")),
-        }
-        if let Some(parent) = rel.parent()
-            && let Ok(d) = root.dir().open_dir(parent)
-        {
-            node::fsync_dir(&d)?;
+        if state::validate::remove_drop_in(&root, p, false)? == state::validate::DropInRemoval::Removed {
+            tracing::info!(drop_in = %p, "removed drop-in");
         }
     }
     for d in std::iter::once(&st.version_dir).chain(&st.previous_dirs) {

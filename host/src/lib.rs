@@ -45,9 +45,9 @@ pub fn policy_options(g: &GlobalArgs) -> Result<PolicyOptions> {
     })
 }
 
-/// Loads the policy selected by `--policy` (or the embedded one).
+/// Loads the policy component selected by `--policy-component` (or the embedded one).
 pub fn load_policy(g: &GlobalArgs) -> Result<Policy> {
-    Policy::load(g.policy.as_deref(), policy_options(g)?)
+    Policy::load(g.policy_component.as_deref(), policy_options(g)?)
 }
 
 /// Runs one command; the exit code for success paths, an error otherwise.
@@ -63,7 +63,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy { command: PolicyCommand::Export { file } } => {
-            let bytes = match &g.policy {
+            let bytes = match &g.policy_component {
                 Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
                 None => GUEST_WASM.to_vec(),
             };
@@ -71,15 +71,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             eprintln!("wrote {} ({} bytes)", file.display(), bytes.len());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Fetch { image, paths, dest, registry } => {
-            runtime()?.block_on(fetch::run_fetch(&image, &paths, &dest, &registry))?;
+        Command::Fetch { image, paths, dest, registry, root } => {
+            runtime()?.block_on(fetch::run_fetch(&image, &paths, &dest, &registry, &root))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Install { config, registry, node } => {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
             let (_, plan) = preview::plan(&policy, &input)?;
-            let mut opts = source::RegistryOptions::from_args(&registry)?;
+            let mut opts = source::RegistryOptions::from_args(&registry, &node.root)?;
             opts.trust.root = Some(node.root.clone());
             match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
                 install::Outcome::UpToDate(st) => {
@@ -161,7 +161,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 action,
                 config,
                 registry: {
-                    let mut o = source::RegistryOptions::from_args(&registry)?;
+                    let mut o = source::RegistryOptions::from_args(&registry, &node.root)?;
                     o.trust.root = Some(node.root.clone());
                     o
                 },

@@ -282,13 +282,13 @@ impl Policy {
         Policy::from_bytes(crate::GUEST_WASM, options).context("loading the embedded policy component")
     }
 
-    /// Loads the component at `path` (`--policy FILE`).
+    /// Loads the component at `path` (`--policy-component FILE`).
     pub fn from_file(path: &Path, options: PolicyOptions) -> Result<Policy> {
         let bytes = std::fs::read(path).with_context(|| format!("reading policy component {}", path.display()))?;
         Policy::from_bytes(&bytes, options).with_context(|| format!("loading policy component {}", path.display()))
     }
 
-    /// Loads `--policy FILE` if given, else the embedded component.
+    /// Loads `--policy-component FILE` if given, else the embedded component.
     pub fn load(path: Option<&Path>, options: PolicyOptions) -> Result<Policy> {
         match path {
             Some(p) => Policy::from_file(p, options),

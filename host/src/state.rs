@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::node;
 
+pub mod validate;
+
 /// File name of the state record inside the install directory.
 pub const STATE_FILE: &str = "state.json";
 
@@ -78,12 +80,10 @@ pub struct State {
 
 /// Reads the state from the install directory; `None` when nothing is installed.
 pub fn read(dir: &Dir) -> Result<Option<State>> {
-    let text = match dir.read_to_string(STATE_FILE) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).context("reading the state file /etc/kata-containers/addons/state.json"),
-    };
-    parse(&text).map(Some)
+    let Some(text) = validate::read_capped(dir, STATE_FILE)? else { return Ok(None) };
+    let state = parse(&text)?;
+    state.validate()?;
+    Ok(Some(state))
 }
 
 /// Parses a state record, migrating schema 1 (one `dropIn`) to the current schema.
@@ -149,6 +149,29 @@ impl StateV1 {
             previous_drop_ins: self.previous_drop_ins,
             trust: None,
         }
+    }
+}
+
+impl State {
+    /// Checks every path field against the layout contract (see [`validate`]); the error
+    /// names the first field that fails. Nothing may act on a state that fails.
+    pub fn validate(&self) -> Result<()> {
+        use validate::{check_drop_in_path, check_file_path, check_runtime_config, check_version_dir};
+        check_version_dir("versionDir", &self.version_dir)?;
+        for (i, d) in self.previous_dirs.iter().enumerate() {
+            check_version_dir(&format!("previousDirs[{i}]"), d)?;
+        }
+        for (i, f) in self.files.iter().enumerate() {
+            check_file_path(&format!("files[{i}].path"), &f.path, &self.version_dir)?;
+        }
+        for (i, d) in self.drop_ins.iter().enumerate() {
+            check_drop_in_path(&format!("dropIns[{i}].path"), &d.path)?;
+            check_runtime_config(&format!("dropIns[{i}].runtimeConfig"), &d.runtime_config, &d.path)?;
+        }
+        for (i, p) in self.previous_drop_ins.iter().enumerate() {
+            check_drop_in_path(&format!("previousDropIns[{i}]"), p)?;
+        }
+        Ok(())
     }
 }
 

@@ -10,12 +10,14 @@
 //! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
 //! - [`node`]: a throwaway node root with sample Kata configs, snapshots, effective config;
+//! - [`measure`]: run the binary and read its peak RSS and CPU time;
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
 
 pub mod admission;
 pub mod fileserver;
 pub mod guests;
 pub mod image;
+pub mod measure;
 pub mod node;
 pub mod proxy;
 pub mod registry;

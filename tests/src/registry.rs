@@ -27,6 +27,8 @@ pub struct RegistryConfig {
     pub htpasswd: Option<(String, String)>,
     /// Serve TLS with a certificate from this CA.
     pub tls: Option<TestCa>,
+    /// With `tls`: require a client certificate signed by the same CA (mutual TLS).
+    pub client_auth: bool,
 }
 
 /// A running registry. Dropping it kills the process and removes its storage.
@@ -65,6 +67,9 @@ impl Registry {
                     ca.server_cert.display(),
                     ca.server_key.display()
                 ));
+                if cfg.client_auth {
+                    yaml.push_str(&format!("    clientcas:\n      - {}\n", ca.ca_cert.display()));
+                }
             }
             if let Some((user, pass)) = &cfg.htpasswd {
                 let hash = bcrypt::hash(pass, 4).expect("bcrypt");

@@ -101,6 +101,59 @@ impl TestCa {
         }
     }
 
+    /// A client certificate signed by this CA (`clientAuth`), written as `client.cert` and
+    /// `client.key` into `dir` (the containers-certs.d(5) names for mutual TLS).
+    pub fn client_pair(&self, dir: &Path) {
+        let ca_dir = self.ca_cert.parent().expect("ca dir").to_path_buf();
+        let tmp = tempfile::tempdir().expect("client tmp");
+        let t = tmp.path();
+        openssl(
+            t,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                "client.key",
+                "-out",
+                "client.csr",
+                "-subj",
+                "/CN=kata-addons test client",
+            ],
+        );
+        std::fs::write(t.join("ext.cnf"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n").expect("ext.cnf");
+        let ca = ca_dir.join("ca.pem");
+        let ca_key = ca_dir.join("ca.key");
+        openssl(
+            t,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "client.csr",
+                "-CA",
+                ca.to_str().expect("utf8"),
+                "-CAkey",
+                ca_key.to_str().expect("utf8"),
+                "-CAcreateserial",
+                "-CAserial",
+                "client.srl",
+                "-out",
+                "client.cert",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+            ],
+        );
+        std::fs::create_dir_all(dir).expect("client dir");
+        std::fs::copy(t.join("client.cert"), dir.join("client.cert")).expect("copy client.cert");
+        std::fs::copy(t.join("client.key"), dir.join("client.key")).expect("copy client.key");
+    }
+
     /// A directory holding only `ca.crt`, for `--cert-dir`.
     pub fn cert_dir(&self) -> tempfile::TempDir {
         let d = tempfile::tempdir().expect("cert dir");

@@ -407,15 +407,20 @@ fn install_daemon_set() {
     let items = secret.items.as_deref().unwrap_or_default();
     assert!(items.iter().any(|i| i.key == ".dockerconfigjson" && i.path == file), "{items:?}");
 
-    // registries.conf at its default path and certs.d, both from the node, read-only.
-    let (conf, ro) = volume_containing(spec, c, "/etc/containers/registries.conf");
-    assert!(ro && conf.host_path.as_ref().is_some_and(|h| h.path == "/etc/containers"), "registries.conf");
-    if let Some(f) = flag_value(&args, "--registries-conf") {
-        assert!(volume_containing(spec, c, f).1, "--registries-conf on a read-only mount");
+    // The node's registry configuration (registries.conf(.d), certs.d, CA bundle, kubelet
+    // pull secret) is read beneath --root, the node's root filesystem: no flag overrides it
+    // and no extra mount carries it.
+    assert_eq!(flag_value(&args, "--root"), Some("/host"));
+    let root = volume_at(spec, c, "/host");
+    assert!(root.host_path.as_ref().is_some_and(|h| h.path == "/"), "--root is the node's root filesystem");
+    for flag in ["--registries-conf", "--registries-conf-dir", "--cert-dir", "--auth-file"] {
+        assert!(flag_value(&args, flag).is_none(), "{flag} would replace the node's own files");
     }
-    let certs = flag_value(&args, "--cert-dir").expect("--cert-dir");
-    let cv = volume_at(spec, c, certs);
-    assert!(cv.host_path.as_ref().is_some_and(|h| h.path == "/etc/containers/certs.d"), "certs.d");
+    for v in spec.volumes.as_deref().unwrap_or_default() {
+        if let Some(h) = &v.host_path {
+            assert_eq!(h.path, "/", "volume {}: node files come through --root, not extra mounts", v.name);
+        }
+    }
 
     // The policy cache on an emptyDir.
     let cache = flag_value(&args, "--cache-dir").expect("--cache-dir");

@@ -322,7 +322,7 @@ fn preview_runs_an_alternative_policy_end_to_end() {
     .unwrap();
     let run = |policy: &Path, extra: &[&str]| {
         Command::new(&bin)
-            .arg("--policy")
+            .arg("--policy-component")
             .arg(policy)
             .arg("--cache-dir")
             .arg(dir.path().join("cache"))

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use cap_std::fs::{Dir, OpenOptions};
 use sha2::Digest;
 
-use super::{LayerIndex, Node, Resolution, View, normalize};
+use super::tarstream::{Kind, TarStream};
+use super::{IndexBudget, LayerIndex, Node, Resolution, View, normalize};
 
 /// Prefix of temporary files created in the destination directory.
 pub const TMP_PREFIX: &str = ".kata-addons-tmp.";
@@ -146,6 +147,47 @@ pub struct LayerJob {
     pub max_total_size: u64,
     /// Bytes copied so far (shared across layers).
     pub total: Arc<AtomicU64>,
+    /// Most decompressed bytes this layer may produce ([`layer_cap`]).
+    pub max_decompressed: u64,
+    /// The merged index's budget (shared across layers).
+    pub budget: Arc<IndexBudget>,
+}
+
+/// Default for `--max-layer-ratio`: most decompressed bytes per compressed byte of a layer.
+pub const DEFAULT_MAX_RATIO: u64 = 256;
+/// Decompressed bytes every layer may produce whatever its ratio (small layers: tar
+/// padding and headers compress far beyond any ratio).
+pub const RATIO_FLOOR: u64 = 64 << 20;
+/// Default for `--max-layer-bytes`: absolute ceiling of one layer's decompressed bytes.
+pub const DEFAULT_MAX_LAYER_BYTES: u64 = 32 << 30;
+
+/// Most decompressed bytes a layer of `compressed` bytes may produce:
+/// `min(max(ratio × compressed, RATIO_FLOOR), ceiling)`.
+pub fn layer_cap(compressed: u64, ratio: u64, ceiling: u64) -> u64 {
+    compressed.saturating_mul(ratio).max(RATIO_FLOOR).min(ceiling)
+}
+
+/// A reader that fails once more than `cap` bytes went through it.
+struct Capped<R> {
+    inner: R,
+    read: u64,
+    cap: u64,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.read > self.cap {
+            return Err(std::io::Error::other(format!(
+                "the layer decompresses to more than {} bytes: refused as a decompression bomb (the cap is \
+                 min(max(--max-layer-ratio × compressed size, {} MiB), --max-layer-bytes))",
+                self.cap,
+                RATIO_FLOOR >> 20
+            )));
+        }
+        Ok(n)
+    }
 }
 
 /// What one layer pass produced.
@@ -184,13 +226,13 @@ impl Read for ChannelReader {
     }
 }
 
-fn candidates(job: &LayerJob, index: &LayerIndex, wanted: &[String]) -> HashSet<String> {
+fn candidates(job: &LayerJob, index: &LayerIndex, wanted: &[String], visited: &mut HashSet<String>) -> HashSet<String> {
     let mut layers: Vec<&LayerIndex> = job.upper.iter().map(|a| a.as_ref()).collect();
     layers.push(index);
     let view = View { layers, all_read: false };
     let mut out = HashSet::new();
     for w in wanted {
-        match view.resolve(w) {
+        match view.resolve_tracked(w, visited) {
             Resolution::File { layer, path, .. } if layer == job.number => {
                 out.insert(path);
             }
@@ -257,25 +299,9 @@ fn copy_out<R: Read>(job: &LayerJob, path: &str, entry: &mut R, size: u64) -> Re
     Ok(Capture { tmp, sha256: hex::encode(hasher.finalize()), size: n_total })
 }
 
-/// Walks one layer's tar stream from `rx` (runs on a blocking thread).
-pub fn run(job: LayerJob, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Result<LayerOutput> {
-    let mut captures: HashMap<String, Capture> = HashMap::new();
-    let res = walk(&job, rx, &mut captures);
-    if res.is_err() {
-        for c in captures.values() {
-            job.temps.remove(&c.tmp);
-        }
-    }
-    res.map(|index| LayerOutput { index, captures })
-}
-
-fn walk(
-    job: &LayerJob,
-    rx: tokio::sync::mpsc::Receiver<Bytes>,
-    captures: &mut HashMap<String, Capture>,
-) -> Result<LayerIndex> {
-    let reader = ChannelReader::new(rx);
-    let decoder: Box<dyn Read> = match job.compression {
+/// The decompressing reader for a layer blob's bytes.
+pub fn decoder<'a, R: Read + 'a>(compression: Compression, reader: R) -> Result<Box<dyn Read + 'a>> {
+    Ok(match compression {
         Compression::None => Box::new(reader),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(reader)),
         Compression::Zstd => {
@@ -284,21 +310,56 @@ fn walk(
             d.window_log_max(24).context("zstd decoder")?;
             Box::new(d)
         }
-    };
-    let mut archive = tar::Archive::new(decoder);
+    })
+}
+
+/// Walks one layer's tar stream from `rx` (runs on a blocking thread).
+pub fn run(job: LayerJob, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Result<LayerOutput> {
+    let decoded = decoder(job.compression, ChannelReader::new(rx))?;
+    run_decompressed(job, decoded)
+}
+
+/// Walks one layer from a `Read` of its decompressed tar bytes.
+pub fn run_decompressed<R: Read>(job: LayerJob, decompressed: R) -> Result<LayerOutput> {
+    let mut captures: HashMap<String, Capture> = HashMap::new();
+    let res = walk(&job, decompressed, &mut captures);
+    if res.is_err() {
+        for c in captures.values() {
+            job.temps.remove(&c.tmp);
+        }
+    }
+    res.map(|index| LayerOutput { index, captures })
+}
+
+fn capture<R: Read>(
+    job: &LayerJob,
+    captures: &mut HashMap<String, Capture>,
+    path: &str,
+    r: &mut R,
+    size: u64,
+) -> Result<()> {
+    let c = copy_out(job, path, r, size)?;
+    if let Some(old) = captures.insert(path.to_string(), c) {
+        job.temps.remove(&old.tmp);
+    }
+    Ok(())
+}
+
+fn walk<R: Read>(job: &LayerJob, decompressed: R, captures: &mut HashMap<String, Capture>) -> Result<LayerIndex> {
+    let capped = Capped { inner: decompressed, read: 0, cap: job.max_decompressed };
+    let mut tar = TarStream::new(capped);
     let mut index = LayerIndex::default();
-    let wanted: &[String] = match &job.mode {
-        Mode::Discover(w) => w,
-        Mode::Exact(_) => &[],
+    let mut visited = HashSet::new();
+    let (wanted, exact): (&[String], bool) = match &job.mode {
+        Mode::Discover(w) => (w, false),
+        Mode::Exact(_) => (&[], true),
     };
     let mut cands = match &job.mode {
-        Mode::Discover(w) => candidates(job, &index, w),
+        Mode::Discover(w) => candidates(job, &index, w, &mut visited),
         Mode::Exact(set) => set.clone(),
     };
-    let entries = archive.entries().context("read tar")?;
-    for entry in entries {
-        let mut entry = entry.context("malformed tar entry")?;
-        let Ok(raw) = std::str::from_utf8(&entry.path_bytes()).map(str::to_string) else {
+    while let Some(entry) = tar.next_entry().context("malformed tar entry")? {
+        let Ok(raw) = String::from_utf8(entry.path) else {
             tracing::debug!("skipping a tar entry with a non-UTF-8 name");
             continue;
         };
@@ -306,68 +367,71 @@ fn walk(
         if path.is_empty() {
             continue;
         }
-        if index.add_marker(&path) {
+        if exact {
+            // Second pass: the layer is already indexed; copy exactly the asked files.
+            if entry.kind == Kind::Regular && cands.contains(&path) {
+                capture(job, captures, &path, &mut tar.data(), entry.size)?;
+            }
             continue;
         }
-        let kind = entry.header().entry_type();
+        if index.add_marker(&path, &job.budget)? {
+            continue;
+        }
+        let link_text = |l: &Option<Vec<u8>>| l.as_ref().and_then(|t| std::str::from_utf8(t).ok().map(str::to_string));
         let mut relink = false;
-        let node = match kind {
-            tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let size = entry.size();
+        let node = match entry.kind {
+            Kind::Regular => {
                 if cands.contains(&path) {
-                    let c = copy_out(job, &path, &mut entry, size)?;
-                    if let Some(old) = captures.insert(path.clone(), c) {
-                        job.temps.remove(&old.tmp);
-                    }
+                    capture(job, captures, &path, &mut tar.data(), entry.size)?;
                 } else if let Some(old) = captures.remove(&path) {
                     // A later duplicate wins: the earlier copy is stale.
                     job.temps.remove(&old.tmp);
                 }
-                Node::File { size }
+                Node::File { size: entry.size }
             }
-            tar::EntryType::Directory => Node::Dir,
-            tar::EntryType::Symlink => {
+            Kind::Dir => Node::Dir,
+            Kind::Symlink => {
                 relink = true;
-                match entry.link_name_bytes() {
-                    Some(t) => match std::str::from_utf8(&t) {
-                        Ok(t) if !t.is_empty() => Node::Symlink(t.to_string()),
-                        _ => Node::Other("symbolic link with an unusable target"),
-                    },
-                    None => Node::Other("symbolic link without a target"),
+                match link_text(&entry.link) {
+                    Some(t) if !t.is_empty() => Node::Symlink(t),
+                    Some(_) => Node::Other("symbolic link without a target"),
+                    None => Node::Other("symbolic link with an unusable target"),
                 }
             }
-            tar::EntryType::Link => {
+            Kind::Hardlink => {
                 relink = true;
-                match entry.link_name_bytes() {
-                    Some(t) => match std::str::from_utf8(&t) {
-                        Ok(t) if !normalize(t).is_empty() => Node::Hardlink(normalize(t)),
-                        _ => Node::Other("hard link with an unusable target"),
-                    },
-                    None => Node::Other("hard link without a target"),
+                match link_text(&entry.link).map(|t| normalize(&t)) {
+                    Some(t) if !t.is_empty() => Node::Hardlink { target: t, below: false },
+                    _ => Node::Other("hard link with an unusable target"),
                 }
             }
-            tar::EntryType::Char => Node::Other("character device"),
-            tar::EntryType::Block => Node::Other("block device"),
-            tar::EntryType::Fifo => Node::Other("fifo"),
-            tar::EntryType::GNUSparse => Node::Other("sparse file"),
-            tar::EntryType::XGlobalHeader
-            | tar::EntryType::XHeader
-            | tar::EntryType::GNULongName
-            | tar::EntryType::GNULongLink => continue,
-            _ => Node::Other("unsupported tar entry"),
+            Kind::Char => Node::Other("character device"),
+            Kind::Block => Node::Other("block device"),
+            Kind::Fifo => Node::Other("fifo"),
+            Kind::Sparse => Node::Sparse,
+            Kind::Other(_) => Node::Other("unsupported tar entry"),
         };
         if !matches!(node, Node::File { .. })
             && let Some(old) = captures.remove(&path)
         {
             job.temps.remove(&old.tmp);
         }
-        index.add(path, node);
-        if relink && matches!(job.mode, Mode::Discover(_)) {
-            cands = candidates(job, &index, wanted);
+        // Only a link at a path the wanted paths went through can change where they lead.
+        let relevant = relink && visited.contains(&path);
+        index.add(path, node, &job.budget)?;
+        if relevant && job.budget.take_recompute() {
+            visited.clear();
+            cands = candidates(job, &index, wanted, &mut visited);
         }
     }
-    // Drain the decompressor so the whole stream is consumed.
-    let mut rest = archive.into_inner();
-    let _ = std::io::copy(&mut rest, &mut std::io::sink());
+    // Drain the rest of the stream (end-of-archive padding), still under the cap.
+    let mut rest = tar.into_inner();
+    if let Err(e) = std::io::copy(&mut rest, &mut std::io::sink()) {
+        if rest.read > rest.cap {
+            return Err(e).context("reading the end of the layer");
+        }
+        // Garbage after the end of the archive: the blob digest was verified, the tar is complete.
+        tracing::debug!("ignoring unreadable bytes after the end of the tar archive: {e}");
+    }
     Ok(index)
 }

@@ -2,13 +2,27 @@
 //! and hardlinks resolved inside the image root) and a streaming per-layer walker.
 
 pub mod layer;
+pub mod tarstream;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Result, bail};
 
 /// Most symlinks followed while resolving one path (as Linux `MAXSYMLINKS`).
 pub const MAX_HOPS: u32 = 40;
+
+/// Most bytes of paths looked up while resolving one wanted path (all hops together): a
+/// real resolution takes a few hundred; this bounds the CPU a crafted symlink maze costs.
+pub const MAX_RESOLVE_BYTES: usize = 64 * 1024;
+
+/// Most times the candidate files are recomputed after a link entry in one fetch (all
+/// layers together); after that, the second pass over a layer catches what was missed.
+pub const MAX_RECOMPUTES: u64 = 256;
+
+/// Index bytes charged per entry on top of its path (map node, `Node`, allocation).
+pub const ENTRY_OVERHEAD: u64 = 96;
 
 /// What a layer says about one path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,24 +36,85 @@ pub enum Node {
     },
     /// A symbolic link (raw target).
     Symlink(String),
-    /// A hard link to another path of the image (normalised).
-    Hardlink(String),
-    /// Anything else (device, fifo, sparse file…), with a description.
+    /// A hard link to another path of the image (normalised). Tar semantics: it names a
+    /// file that exists when the link is extracted, i.e. an *earlier* entry of the same
+    /// layer (`below == false`) or else a file of the layers below (`below == true`).
+    Hardlink {
+        /// Normalised target path.
+        target: String,
+        /// The target was not an earlier entry of this layer: look it up below.
+        below: bool,
+    },
+    /// A sparse file (any encoding): refused when wanted.
+    Sparse,
+    /// Anything else (device, fifo…), with a description.
     Other(&'static str),
 }
 
-/// Everything one layer says: entries (last duplicate wins), whiteouts, opaque directories.
-#[derive(Debug, Default)]
-pub struct LayerIndex {
-    entries: HashMap<String, Node>,
-    implicit: HashSet<String>,
-    whiteouts: HashSet<String>,
-    opaque: HashSet<String>,
+/// The merged index's budget, shared by every layer of one fetch: caps the entries and
+/// bytes all layer indexes together may hold, so memory stays bounded by a constant.
+#[derive(Debug)]
+pub struct IndexBudget {
+    entries: AtomicU64,
+    bytes: AtomicU64,
+    max_entries: u64,
+    max_bytes: u64,
+    recomputes: AtomicU64,
 }
 
-/// Splits a normalised path into its proper ancestors (excluding the root), shortest first.
-fn ancestors(p: &str) -> impl Iterator<Item = &str> {
-    p.match_indices('/').map(move |(i, _)| &p[..i])
+impl IndexBudget {
+    /// A budget of `max_entries` entries and `max_bytes` bytes (paths plus
+    /// [`ENTRY_OVERHEAD`] per entry).
+    pub fn new(max_entries: u64, max_bytes: u64) -> Self {
+        IndexBudget {
+            entries: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            max_entries,
+            max_bytes,
+            recomputes: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes one candidate recomputation from the fetch-wide allowance; false when spent.
+    pub fn take_recompute(&self) -> bool {
+        self.recomputes.fetch_add(1, Ordering::Relaxed) < MAX_RECOMPUTES
+    }
+
+    fn charge(&self, bytes: u64) -> Result<()> {
+        let e = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
+        if e > self.max_entries {
+            bail!(
+                "the image has more than {} tar entries in the layers read (limit --max-index-entries)",
+                self.max_entries
+            );
+        }
+        let b = self.bytes.fetch_add(bytes + ENTRY_OVERHEAD, Ordering::Relaxed) + bytes + ENTRY_OVERHEAD;
+        if b > self.max_bytes {
+            bail!(
+                "the index of the layers read exceeds {} bytes (paths of {e} entries; limit --max-index-bytes)",
+                self.max_bytes
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Default for IndexBudget {
+    fn default() -> Self {
+        IndexBudget::new(u64::MAX, u64::MAX)
+    }
+}
+
+/// Everything one layer says: entries (last duplicate wins), whiteouts, opaque directories.
+/// Ordered maps: "is `p` an implied directory" is a range query, so no prefix of any path
+/// is stored (memory is linear in the bytes of the layer's paths).
+#[derive(Debug, Default)]
+pub struct LayerIndex {
+    entries: BTreeMap<String, Node>,
+    whiteouts: BTreeSet<String>,
+    opaque: BTreeSet<String>,
+    /// Targets of this layer's hard links to earlier entries of this layer.
+    link_targets: HashSet<String>,
 }
 
 /// Normalises an in-image path: root-relative, no `.`/empty components, `..` clamped at the root.
@@ -61,31 +136,51 @@ fn parent_of(p: &str) -> &str {
     p.rfind('/').map(|i| &p[..i]).unwrap_or("")
 }
 
-impl LayerIndex {
-    fn mark_ancestors(&mut self, p: &str) {
-        for a in ancestors(p) {
-            if !self.implicit.contains(a) {
-                self.implicit.insert(a.to_string());
-            }
-        }
+/// Whether an ordered set of paths holds a path strictly below `p`.
+fn has_below<'a>(mut keys: impl Iterator<Item = &'a String>, p: &str) -> bool {
+    if p.is_empty() {
+        return keys.next().is_some();
     }
+    keys.next().is_some_and(|k| k.len() > p.len() && k.starts_with(p) && k.as_bytes()[p.len()] == b'/')
+}
 
-    /// Records an entry (a later one for the same path replaces an earlier one).
-    pub fn add(&mut self, path: String, node: Node) {
-        self.mark_ancestors(&path);
+impl LayerIndex {
+    /// Records an entry (a later one for the same path replaces an earlier one), charging
+    /// `budget`. A hard link's `below` flag is computed here from the entries so far.
+    pub fn add(&mut self, path: String, node: Node, budget: &IndexBudget) -> Result<()> {
+        let extra = match &node {
+            Node::Symlink(t) => t.len(),
+            Node::Hardlink { target, .. } => target.len(),
+            _ => 0,
+        };
+        budget.charge((path.len() + extra) as u64)?;
+        if self.link_targets.contains(&path) {
+            bail!("/{path} replaces the target of an earlier hard link in the same layer (not supported)");
+        }
+        let node = match node {
+            Node::Hardlink { target, .. } => {
+                let below = !self.entries.contains_key(&target);
+                if !below {
+                    self.link_targets.insert(target.clone());
+                }
+                Node::Hardlink { target, below }
+            }
+            n => n,
+        };
         self.entries.insert(path, node);
+        Ok(())
     }
 
     /// Records a whiteout or opaque marker if `path`'s base name is one; returns whether it was.
-    pub fn add_marker(&mut self, path: &str) -> bool {
+    pub fn add_marker(&mut self, path: &str, budget: &IndexBudget) -> Result<bool> {
         let (dir, base) = match path.rfind('/') {
             Some(i) => (&path[..i], &path[i + 1..]),
             None => ("", path),
         };
         let Some(name) = base.strip_prefix(".wh.") else {
-            return false;
+            return Ok(false);
         };
-        self.mark_ancestors(path);
+        budget.charge(path.len() as u64)?;
         if name == ".wh..opq" {
             self.opaque.insert(dir.to_string());
             if !dir.is_empty() {
@@ -97,19 +192,25 @@ impl LayerIndex {
             let target = if dir.is_empty() { name.to_string() } else { format!("{dir}/{name}") };
             self.whiteouts.insert(target);
         }
-        true
+        Ok(true)
     }
 
-    /// Whether this layer hides `p` in the layers below it.
-    fn hides_below(&self, p: &str) -> bool {
-        if self.whiteouts.contains(p) || self.opaque.contains("") {
-            return true;
+    /// Whether this layer implies `p` is a directory (something below it is recorded).
+    fn implies_dir(&self, p: &str) -> bool {
+        if p.is_empty() {
+            return !(self.entries.is_empty() && self.whiteouts.is_empty() && self.opaque.is_empty());
         }
-        ancestors(p).any(|a| {
-            self.whiteouts.contains(a)
-                || self.opaque.contains(a)
-                || self.entries.get(a).is_some_and(|n| *n != Node::Dir)
-        })
+        let from = format!("{p}/");
+        let r = (Bound::Included(from.as_str()), Bound::Unbounded);
+        has_below(self.entries.range::<str, _>(r).map(|(k, _)| k), p)
+            || has_below(self.whiteouts.range::<str, _>(r), p)
+            || has_below(self.opaque.range::<str, _>(r), p)
+    }
+
+    /// Whether this layer cuts the layers below it off from the children of directory
+    /// `p`: `p` is opaque, whited out or not a directory here.
+    fn cuts_children(&self, p: &str) -> bool {
+        self.opaque.contains(p) || self.whiteouts.contains(p) || self.entries.get(p).is_some_and(|n| *n != Node::Dir)
     }
 
     /// Number of entries recorded.
@@ -161,13 +262,39 @@ pub enum Resolution {
     Missing(String),
 }
 
+/// No layer cuts off a directory's children: every layer (read or not) may add some.
+const NO_CUT: usize = usize::MAX;
+
 impl View<'_> {
-    fn lookup(&self, p: &str, from: usize) -> Look {
-        if p.is_empty() {
-            return Look::Found(usize::MAX, Node::Dir);
+    /// The layer limit for the children of directory `p` whose own limit is `limit`:
+    /// layers at or after the returned index cannot contribute children of `p`.
+    fn child_limit(&self, p: &str, limit: usize) -> usize {
+        let end = limit.min(self.layers.len());
+        for (i, l) in self.layers.iter().enumerate().take(end) {
+            if l.cuts_children(p) {
+                return i + 1;
+            }
         }
+        limit
+    }
+
+    /// The layer limit for the children of a literal directory path (no symlinks).
+    fn dir_limit(&self, dir: &str) -> usize {
+        let mut limit = self.child_limit("", NO_CUT);
+        if dir.is_empty() {
+            return limit;
+        }
+        for (i, _) in dir.match_indices('/').chain(std::iter::once((dir.len(), ""))) {
+            limit = self.child_limit(&dir[..i], limit);
+        }
+        limit
+    }
+
+    /// Looks up exactly `p` in layers `from..limit` (`limit`: from the parent directory).
+    fn lookup(&self, p: &str, from: usize, limit: usize) -> Look {
         let mut implicit = false;
-        for (i, l) in self.layers.iter().enumerate().skip(from) {
+        let end = limit.min(self.layers.len());
+        for (i, l) in self.layers.iter().enumerate().take(end).skip(from) {
             if let Some(n) = l.entries.get(p) {
                 if implicit {
                     return match n {
@@ -177,14 +304,14 @@ impl View<'_> {
                 }
                 return Look::Found(i, n.clone());
             }
-            if l.implicit.contains(p) {
+            if l.implies_dir(p) {
                 implicit = true;
             }
-            if l.hides_below(p) {
+            if l.whiteouts.contains(p) {
                 return if implicit { Look::ImplicitDir } else { Look::Gone };
             }
         }
-        match (implicit, self.all_read) {
+        match (implicit, self.all_read || limit <= self.layers.len()) {
             (true, true) => Look::ImplicitDir,
             (false, true) => Look::Gone,
             _ => Look::Unknown,
@@ -192,12 +319,23 @@ impl View<'_> {
     }
 
     /// Resolves an absolute in-image path to a regular file, following symlinks and
-    /// hardlinks inside the image root.
+    /// hardlinks inside the image root. The work is bounded: at most [`MAX_HOPS`] links,
+    /// paths of at most [`tarstream::MAX_PATH`] bytes and [`MAX_RESOLVE_BYTES`] bytes of
+    /// lookups, whatever the layers hold.
     pub fn resolve(&self, wanted: &str) -> Resolution {
+        self.resolve_tracked(wanted, &mut HashSet::new())
+    }
+
+    /// [`View::resolve`], recording every path looked up in `visited`.
+    pub fn resolve_tracked(&self, wanted: &str, visited: &mut HashSet<String>) -> Resolution {
         let mut todo: Vec<String> =
             normalize(wanted).split('/').filter(|c| !c.is_empty()).rev().map(str::to_string).collect();
         let mut cur: Vec<String> = Vec::new();
+        // limits[k]: layer limit for the children of the directory cur[..k].
+        let root_limit = self.child_limit("", NO_CUT);
+        let mut limits: Vec<usize> = vec![root_limit];
         let mut hops = 0u32;
+        let mut spent = 0usize;
         let frontier = |cur: &[String], todo: &[String]| {
             let mut v: Vec<&str> = cur.iter().map(String::as_str).collect();
             v.extend(todo.iter().rev().map(String::as_str));
@@ -208,13 +346,21 @@ impl View<'_> {
                 continue;
             }
             if c == ".." {
-                cur.pop();
+                if cur.pop().is_some() {
+                    limits.pop();
+                }
                 continue;
             }
             cur.push(c);
             let p = cur.join("/");
+            spent += p.len();
+            if p.len() > tarstream::MAX_PATH || spent > MAX_RESOLVE_BYTES {
+                return Resolution::Missing(format!("resolving {wanted} leads to too long a path (at /{p:.64}…)"));
+            }
+            visited.insert(p.clone());
             let last = todo.is_empty();
-            match self.lookup(&p, 0) {
+            let limit = *limits.last().unwrap_or(&root_limit);
+            match self.lookup(&p, 0, limit) {
                 Look::Unknown => {
                     return Resolution::Unknown { frontier: frontier(&cur, &todo) };
                 }
@@ -223,6 +369,7 @@ impl View<'_> {
                     if last {
                         return Resolution::Missing(format!("/{p} is a directory"));
                     }
+                    limits.push(self.child_limit(&p, limit));
                 }
                 Look::Found(_, Node::Symlink(target)) => {
                     hops += 1;
@@ -232,6 +379,7 @@ impl View<'_> {
                     cur.pop();
                     if target.starts_with('/') {
                         cur.clear();
+                        limits.truncate(1);
                     }
                     for t in target.split('/').rev().filter(|t| !t.is_empty()) {
                         todo.push(t.to_string());
@@ -243,11 +391,14 @@ impl View<'_> {
                     }
                     return Resolution::File { layer: i, path: p, size };
                 }
-                Look::Found(i, Node::Hardlink(target)) => {
+                Look::Found(i, Node::Hardlink { target, below }) => {
                     if !last {
                         return Resolution::Missing(format!("/{p} is not a directory"));
                     }
-                    return self.resolve_hardlink(i, &p, target, hops);
+                    return self.resolve_hardlink(i, below, &p, target, hops, visited);
+                }
+                Look::Found(_, Node::Sparse) => {
+                    return Resolution::Missing(format!("sparse files are not supported: /{p}"));
                 }
                 Look::Found(_, Node::Other(what)) => {
                     return Resolution::Missing(format!("/{p} is a {what}, not a regular file"));
@@ -257,30 +408,48 @@ impl View<'_> {
         Resolution::Missing("/ is a directory".to_string())
     }
 
-    fn resolve_hardlink(&self, layer: usize, from: &str, target: String, mut hops: u32) -> Resolution {
+    fn resolve_hardlink(
+        &self,
+        layer: usize,
+        below: bool,
+        from: &str,
+        target: String,
+        mut hops: u32,
+        visited: &mut HashSet<String>,
+    ) -> Resolution {
         let mut layer = layer;
+        let mut below = below;
         let mut target = target;
         loop {
             hops += 1;
             if hops > MAX_HOPS {
                 return Resolution::Missing(format!("too many levels of links at /{from}"));
             }
-            match self.lookup(&target, layer) {
+            visited.insert(target.clone());
+            let start = if below { layer + 1 } else { layer };
+            let limit = self.dir_limit(parent_of(&target));
+            match self.lookup(&target, start, limit) {
                 Look::Found(i, Node::File { size }) => {
                     return Resolution::File { layer: i, path: target, size };
                 }
-                Look::Found(i, Node::Hardlink(t)) => {
+                Look::Found(i, Node::Hardlink { target: t, below: b }) => {
                     layer = i;
+                    below = b;
                     target = t;
                 }
                 Look::Unknown => return Resolution::Unknown { frontier: target },
+                Look::Found(_, Node::Sparse) => {
+                    return Resolution::Missing(format!("sparse files are not supported: /{target}"));
+                }
                 Look::Found(_, n) => {
                     return Resolution::Missing(format!(
                         "/{from} is a hard link to /{target}, which is not a regular file ({n:?})"
                     ));
                 }
                 Look::Gone | Look::ImplicitDir => {
-                    return Resolution::Missing(format!("/{from} is a hard link to /{target}, which does not exist"));
+                    return Resolution::Missing(format!(
+                        "/{from} is a hard link to /{target}, which does not exist before it"
+                    ));
                 }
             }
         }
@@ -313,11 +482,12 @@ mod tests {
 
     fn layer(entries: &[(&str, Node)], markers: &[&str]) -> LayerIndex {
         let mut l = LayerIndex::default();
+        let b = IndexBudget::default();
         for (p, n) in entries {
-            l.add(p.to_string(), n.clone());
+            l.add(p.to_string(), n.clone(), &b).expect("add");
         }
         for m in markers {
-            assert!(l.add_marker(m));
+            assert!(l.add_marker(m, &b).expect("marker"));
         }
         l
     }

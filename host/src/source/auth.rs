@@ -1,12 +1,24 @@
-//! Credentials from containers auth.json / docker config.json files.
+//! Credentials per containers-auth.json(5), searched as containers/image searches them.
 //!
-//! Credential helpers (`credHelpers`, `credsStore`) are never executed.
+//! `--auth-file` is the only file read, as skopeo's `--authfile`. Otherwise, in order:
+//! `$REGISTRY_AUTH_FILE` (skipped when absent: the DaemonSet's optional pull secret; skopeo
+//! would read only this file, a deliberate difference so the node pull secret still
+//! applies), the node pull secret (`R/var/lib/kubelet/config.json`),
+//! `$XDG_RUNTIME_DIR/containers/auth.json`, `$XDG_CONFIG_HOME` (or `~/.config`)`/containers/auth.json`,
+//! `$DOCKER_CONFIG/config.json` (else `~/.docker/config.json`), `~/.dockercfg` (legacy format).
+//! The first file with an entry for the image wins; inside a file the most specific key
+//! (`host/ns/repo` … `host`) wins. Credential helpers (`credHelpers`, `credsStore`,
+//! registries.conf `credential-helpers`) are never executed: they are reported, and named
+//! in the message of a refused (HTTP 401) pull.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use base64::Engine;
 use serde::Deserialize;
+
+use super::reference::DOCKER_HUB;
 
 /// Username and password for one registry.
 #[derive(Clone, PartialEq, Eq)]
@@ -25,10 +37,47 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-#[derive(Deserialize)]
+/// The result of a lookup: credentials, and credential helpers that would have been asked.
+#[derive(Debug, Clone, Default)]
+pub struct AuthLookup {
+    /// Credentials found, if any.
+    pub creds: Option<Credentials>,
+    /// One line per credential helper configured for this registry (never executed).
+    pub helpers: Vec<String>,
+}
+
+impl AuthLookup {
+    /// What a 401 from this registry should add: the helpers configured and what to do.
+    pub fn helper_hint(&self) -> Option<String> {
+        (!self.helpers.is_empty()).then(|| {
+            format!(
+                "{}; credential helpers are never executed here: put the credentials in an auth file \
+                 (--auth-file, REGISTRY_AUTH_FILE or the node pull secret) as \"auths\" entries",
+                self.helpers.join("; ")
+            )
+        })
+    }
+}
+
+/// Where credentials are searched.
+#[derive(Debug, Clone, Default)]
+pub struct AuthSources {
+    /// The only file read, if set (`--auth-file`).
+    pub explicit: Option<PathBuf>,
+    /// Searched in order when there is no explicit file: (path, legacy `.dockercfg` format).
+    pub search: Vec<(PathBuf, bool)>,
+    /// registries.conf `credential-helpers` (and its file), when set.
+    pub conf_helpers: Option<(Vec<String>, PathBuf)>,
+}
+
+#[derive(Deserialize, Default)]
 struct AuthFile {
     #[serde(default)]
-    auths: std::collections::BTreeMap<String, AuthEntry>,
+    auths: BTreeMap<String, AuthEntry>,
+    #[serde(default, rename = "credHelpers")]
+    cred_helpers: BTreeMap<String, String>,
+    #[serde(default, rename = "credsStore")]
+    creds_store: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -39,46 +88,106 @@ struct AuthEntry {
     username: Option<String>,
     #[serde(default)]
     password: Option<String>,
+    #[serde(default)]
+    identitytoken: Option<String>,
 }
 
-/// Canonical name of a registry host: docker.io aliases become `docker.io`.
-pub fn normalize_registry(host: &str) -> String {
+/// containers/image's key normalisation for registry names: Docker Hub aliases.
+fn normalize_registry(host: &str) -> String {
     match host {
-        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" | "docker.io" => "docker.io".to_string(),
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" | "docker.io" => DOCKER_HUB.to_string(),
         h => h.to_string(),
     }
 }
 
-/// Normalises an auth file key: drops `http(s)://`, old docker `/v1/` suffixes, aliases.
-fn normalize_key(key: &str) -> String {
+/// Normalises an auth file key: drops `http(s)://` (then only the host counts), aliases.
+fn normalize_key(key: &str, legacy: bool) -> String {
     let k = key.strip_prefix("https://").or_else(|| key.strip_prefix("http://")).unwrap_or(key);
-    let k = k.trim_end_matches('/');
-    let had_scheme = k.len() != key.trim_end_matches('/').len();
-    // Legacy docker keys are URLs: keep only the host.
-    let k = if had_scheme { k.split('/').next().unwrap_or(k) } else { k };
+    let k = if legacy || k.len() != key.len() { k.split('/').next().unwrap_or(k) } else { k };
     match k.split_once('/') {
         Some((host, rest)) => format!("{}/{rest}", normalize_registry(host)),
         None => normalize_registry(k),
     }
 }
 
-/// The auth files searched, in order, when no `--auth-file` is given.
-pub fn default_auth_files() -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    if let Some(p) = std::env::var_os("REGISTRY_AUTH_FILE").filter(|p| !p.is_empty()) {
-        v.push(PathBuf::from(p));
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var).filter(|p| !p.is_empty()).map(PathBuf::from)
+}
+
+impl AuthSources {
+    /// The sources for this process: `flag` (`--auth-file`) alone, else the search list
+    /// (`$REGISTRY_AUTH_FILE`, the node pull secret beneath `root`, the user's files).
+    pub fn new(flag: Option<&Path>, root: &Path) -> Self {
+        if let Some(p) = flag {
+            return AuthSources { explicit: Some(p.to_path_buf()), ..AuthSources::default() };
+        }
+        let mut search = Vec::new();
+        if let Some(p) = env_path("REGISTRY_AUTH_FILE") {
+            search.push((p, false));
+        }
+        search.push((root.join(super::endpoints::paths::PULL_SECRET), false));
+        if let Some(d) = env_path("XDG_RUNTIME_DIR") {
+            search.push((d.join("containers/auth.json"), false));
+        }
+        let home = env_path("HOME");
+        if let Some(c) = env_path("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config"))) {
+            search.push((c.join("containers/auth.json"), false));
+        }
+        if let Some(d) = env_path("DOCKER_CONFIG") {
+            search.push((d.join("config.json"), false));
+        } else if let Some(h) = &home {
+            search.push((h.join(".docker/config.json"), false));
+        }
+        if let Some(h) = &home {
+            search.push((h.join(".dockercfg"), true));
+        }
+        AuthSources { explicit: None, search, conf_helpers: None }
     }
-    v.push(PathBuf::from("/tmp/regauth/auth.json"));
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
-        v.push(PathBuf::from(d).join("containers/auth.json"));
+
+    /// Finds credentials for `registry/repository` (the endpoint actually contacted).
+    pub fn lookup(&self, registry: &str, repository: &str) -> Result<AuthLookup> {
+        let mut out = AuthLookup::default();
+        let use_files = match &self.conf_helpers {
+            None => true,
+            Some((helpers, file)) => {
+                for h in helpers.iter().filter(|h| *h != super::registries_conf::AUTH_FILE_HELPER) {
+                    out.helpers.push(format!("{}: credential-helpers names {h:?}", file.display()));
+                }
+                helpers.iter().any(|h| h == super::registries_conf::AUTH_FILE_HELPER)
+            }
+        };
+        if !use_files {
+            return Ok(out);
+        }
+        if let Some(p) = &self.explicit {
+            if !p.exists() {
+                bail!("auth file {} does not exist", p.display());
+            }
+            out.creds = lookup_in_file(p, false, registry, repository, &mut out.helpers)?;
+            return Ok(out);
+        }
+        for (p, legacy) in &self.search {
+            match std::fs::metadata(p) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| format!("reading auth file {}", p.display())),
+            }
+            if let Some(c) = lookup_in_file(p, *legacy, registry, repository, &mut out.helpers)? {
+                out.creds = Some(c);
+                break;
+            }
+        }
+        Ok(out)
     }
-    if let Some(h) = std::env::var_os("HOME").filter(|p| !p.is_empty()) {
-        v.push(PathBuf::from(h).join(".docker/config.json"));
-    }
-    v
 }
 
 fn decode(entry: &AuthEntry, source: String) -> Result<Option<Credentials>> {
+    if entry.identitytoken.as_deref().is_some_and(|t| !t.is_empty()) {
+        bail!(
+            "{source}: \"identitytoken\" (an OAuth2 refresh token) is not supported; \
+             store a user name and password (\"auth\") for this registry instead"
+        );
+    }
     if let Some(a) = entry.auth.as_deref().filter(|a| !a.is_empty()) {
         let raw = base64::engine::general_purpose::STANDARD
             .decode(a.trim())
@@ -87,8 +196,13 @@ fn decode(entry: &AuthEntry, source: String) -> Result<Option<Credentials>> {
         let Some((u, p)) = s.split_once(':') else {
             bail!("{source}: \"auth\" does not decode to user:password");
         };
-        return Ok(Some(Credentials { username: u.to_string(), password: p.to_string(), source }));
+        return Ok(Some(Credentials {
+            username: u.to_string(),
+            password: p.trim_end_matches('\n').to_string(),
+            source,
+        }));
     }
+    // Kubernetes-style entries with separate fields (kubelet reads these too).
     match (&entry.username, &entry.password) {
         (Some(u), Some(p)) if !u.is_empty() => {
             Ok(Some(Credentials { username: u.clone(), password: p.clone(), source }))
@@ -98,52 +212,50 @@ fn decode(entry: &AuthEntry, source: String) -> Result<Option<Credentials>> {
 }
 
 /// Finds credentials for `registry/repository` in one file (most specific key wins).
-pub fn lookup_in_file(path: &Path, registry: &str, repository: &str) -> Result<Option<Credentials>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("read auth file {}", path.display()))?;
-    let file: AuthFile =
-        serde_json::from_str(&text).with_context(|| format!("auth file {} is not valid JSON", path.display()))?;
+fn lookup_in_file(
+    path: &Path,
+    legacy: bool,
+    registry: &str,
+    repository: &str,
+    helpers: &mut Vec<String>,
+) -> Result<Option<Credentials>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading auth file {}", path.display()))?;
+    let file: AuthFile = if legacy {
+        let auths: BTreeMap<String, AuthEntry> = serde_json::from_str(&text)
+            .with_context(|| format!("auth file {} is not valid JSON (legacy .dockercfg format)", path.display()))?;
+        AuthFile { auths, ..AuthFile::default() }
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("auth file {} is not valid JSON", path.display()))?
+    };
     let registry = normalize_registry(registry);
-    let entries: Vec<(String, &AuthEntry)> = file.auths.iter().map(|(k, v)| (normalize_key(k), v)).collect();
-    let mut candidates = Vec::new();
-    let mut scope = format!("{registry}/{repository}");
-    loop {
-        candidates.push(scope.clone());
-        match scope.rfind('/') {
-            Some(i) => scope.truncate(i),
-            None => break,
+    for (k, h) in &file.cred_helpers {
+        if normalize_key(k, true) == registry {
+            helpers.push(format!("{}: credHelpers {k:?} names helper {h:?}", path.display()));
         }
     }
-    for c in candidates {
-        // Several raw keys can normalise to one; the exact (already canonical) key wins.
-        let mut found: Option<&AuthEntry> = None;
-        for (k, v) in &entries {
-            if *k == c {
-                found = Some(v);
-            }
+    if let Some(s) = file.creds_store.as_deref().filter(|s| !s.is_empty()) {
+        helpers.push(format!("{}: credsStore names helper {s:?}", path.display()));
+    }
+    // Several raw keys can normalise to one: an exact (already normal) key wins.
+    let mut entries: BTreeMap<String, (&String, &AuthEntry)> = BTreeMap::new();
+    for (k, v) in &file.auths {
+        let n = normalize_key(k, legacy);
+        let exact = *k == n;
+        if exact || !entries.contains_key(&n) {
+            entries.insert(n, (k, v));
         }
-        if let Some(e) = file.auths.get(&c).or(found) {
-            let source = format!("{} (key {c:?})", path.display());
+    }
+    let mut scope = format!("{registry}/{repository}");
+    loop {
+        if let Some((raw, e)) = entries.get(&scope) {
+            let source = format!("{} (key {raw:?})", path.display());
             if let Some(cred) = decode(e, source)? {
                 return Ok(Some(cred));
             }
         }
-    }
-    Ok(None)
-}
-
-/// Finds credentials for a registry: `--auth-file` only if given, else the default search.
-pub fn lookup(explicit: Option<&Path>, registry: &str, repository: &str) -> Result<Option<Credentials>> {
-    if let Some(p) = explicit {
-        return lookup_in_file(p, registry, repository);
-    }
-    for p in default_auth_files() {
-        if !p.exists() {
-            continue;
-        }
-        match lookup_in_file(&p, registry, repository) {
-            Ok(Some(c)) => return Ok(Some(c)),
-            Ok(None) => {}
-            Err(e) => tracing::warn!("ignoring auth file {}: {e:#}", p.display()),
+        match scope.rfind('/') {
+            Some(i) => scope.truncate(i),
+            None => break,
         }
     }
     Ok(None)
@@ -154,7 +266,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn most_specific_wins() {
+    fn most_specific_wins_and_helpers_are_reported() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.json");
         let b = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
@@ -165,15 +277,21 @@ mod tests {
                 "r.example:5000": {"auth": b("host:1")},
                 "r.example:5000/ns": {"username": "ns", "password": "2"},
                 "r.example:5000/ns/repo": {"auth": b("repo:3")},
-            }})
+                "tok.example": {"identitytoken": "abc"},
+            }, "credHelpers": {"h.example": "ecr-login"}})
             .to_string(),
         )
         .unwrap();
-        let u = |reg: &str, repo: &str| lookup_in_file(&p, reg, repo).unwrap().map(|c| c.username);
+        let s = AuthSources { explicit: Some(p.clone()), ..AuthSources::default() };
+        let u = |reg: &str, repo: &str| s.lookup(reg, repo).unwrap().creds.map(|c| c.username);
         assert_eq!(u("r.example:5000", "ns/repo").as_deref(), Some("repo"));
         assert_eq!(u("r.example:5000", "ns/other").as_deref(), Some("ns"));
         assert_eq!(u("r.example:5000", "x/y").as_deref(), Some("host"));
         assert_eq!(u("docker.io", "library/busybox").as_deref(), Some("hub"));
         assert_eq!(u("other", "x"), None);
+        let h = s.lookup("h.example", "x").unwrap();
+        assert!(h.creds.is_none() && h.helper_hint().unwrap().contains("ecr-login"));
+        let e = format!("{:#}", s.lookup("tok.example", "x").unwrap_err());
+        assert!(e.contains("identitytoken") && e.contains("tok.example"), "{e}");
     }
 }

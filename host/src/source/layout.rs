@@ -102,7 +102,7 @@ pub async fn resolve(root: &Path, tag: Option<&str>, platform: &Platform) -> Res
         match manifest::parse(&body, Some(&desc.media_type), platform, &origin)? {
             Parsed::Index(d) => desc = d,
             Parsed::Manifest(layers) => {
-                return Ok(ResolvedImage { manifest_digest: desc.digest, top_digest, layers, origin });
+                return Ok(ResolvedImage { manifest_digest: desc.digest, top_digest, layers, origin, endpoint: None });
             }
         }
     }

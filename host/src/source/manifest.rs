@@ -1,7 +1,7 @@
 //! Manifest and index parsing shared by registry and layout sources.
 
 use anyhow::{Context, Result, bail};
-use serde::Deserialize;
+use oci_spec::image::{Descriptor as OciDescriptor, ImageIndex, ImageManifest};
 
 use super::{Descriptor, Platform, valid_digest};
 
@@ -16,43 +16,6 @@ pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list
 /// Media types accepted for manifests, for the `Accept` header.
 pub const ACCEPTED: [&str; 4] = [OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST];
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawDescriptor {
-    #[serde(default)]
-    media_type: String,
-    digest: String,
-    size: i64,
-    #[serde(default)]
-    urls: Option<Vec<String>>,
-    #[serde(default)]
-    platform: Option<RawPlatform>,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawPlatform {
-    #[serde(default)]
-    os: String,
-    #[serde(default)]
-    architecture: String,
-    #[serde(default)]
-    variant: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawDoc {
-    schema_version: Option<i64>,
-    #[serde(default)]
-    media_type: Option<String>,
-    #[serde(default)]
-    manifests: Option<Vec<RawDescriptor>>,
-    #[serde(default)]
-    layers: Option<Vec<RawDescriptor>>,
-    #[serde(default)]
-    config: Option<RawDescriptor>,
-}
-
 /// A parsed manifest document.
 #[derive(Debug)]
 pub enum Parsed {
@@ -62,47 +25,53 @@ pub enum Parsed {
     Manifest(Vec<Descriptor>),
 }
 
-fn descriptor(d: &RawDescriptor, what: &str) -> Result<Descriptor> {
-    if !valid_digest(&d.digest) {
-        bail!("{what}: unsupported or malformed digest {:?}", d.digest);
+fn descriptor(d: &OciDescriptor, what: &str) -> Result<Descriptor> {
+    let digest = d.digest().to_string();
+    if !valid_digest(&digest) {
+        bail!("{what}: unsupported or malformed digest {digest:?}");
     }
-    if let Some(urls) = &d.urls
+    if let Some(urls) = d.urls()
         && !urls.is_empty()
     {
-        bail!("{what} {}: foreign layer with external urls refused (not contacted: {})", d.digest, urls.join(", "));
+        bail!("{what} {digest}: foreign layer with external urls refused (not contacted: {})", urls.join(", "));
     }
-    let size = u64::try_from(d.size).with_context(|| format!("{what} {}: negative size", d.digest))?;
-    Ok(Descriptor { media_type: d.media_type.clone(), digest: d.digest.clone(), size })
+    Ok(Descriptor { media_type: d.media_type().to_string(), digest, size: d.size() })
 }
 
-/// Parses a manifest or index; for an index, selects the entry for `platform`.
+/// Parses a manifest or index (oci-spec types; Docker schema 2 has the same shape); for an
+/// index, selects the entry for `platform`.
 ///
 /// `content_type` is the HTTP `Content-Type` (or the descriptor media type), if known.
 pub fn parse(body: &[u8], content_type: Option<&str>, platform: &Platform, origin: &str) -> Result<Parsed> {
-    let doc: RawDoc = serde_json::from_slice(body).with_context(|| format!("{origin}: manifest is not valid JSON"))?;
-    if doc.schema_version != Some(2) {
-        bail!("{origin}: unsupported manifest schemaVersion {:?} (only 2)", doc.schema_version);
+    let doc: serde_json::Value =
+        serde_json::from_slice(body).with_context(|| format!("{origin}: manifest is not valid JSON"))?;
+    let schema_version = doc.get("schemaVersion").and_then(|v| v.as_i64());
+    if schema_version != Some(2) {
+        bail!("{origin}: unsupported manifest schemaVersion {schema_version:?} (only 2)");
     }
     let media_type = doc
-        .media_type
-        .clone()
+        .get("mediaType")
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
         .or_else(|| content_type.map(|c| c.split(';').next().unwrap_or("").trim().to_string()))
         .unwrap_or_default();
     let is_index = match media_type.as_str() {
         OCI_INDEX | DOCKER_LIST => true,
         OCI_MANIFEST | DOCKER_MANIFEST => false,
-        _ => doc.manifests.is_some() && doc.layers.is_none(),
+        _ => doc.get("manifests").is_some() && doc.get("layers").is_none(),
     };
     if is_index {
-        let entries = doc.manifests.unwrap_or_default();
+        let index: ImageIndex =
+            serde_json::from_value(doc).with_context(|| format!("{origin}: malformed image index"))?;
         let mut seen = Vec::new();
-        for e in &entries {
-            let Some(p) = &e.platform else { continue };
-            if platform.matches(&p.os, &p.architecture, p.variant.as_deref()) {
+        for e in index.manifests() {
+            let Some(p) = e.platform() else { continue };
+            let (os, arch) = (p.os().to_string(), p.architecture().to_string());
+            if platform.matches(&os, &arch, p.variant().as_deref()) {
                 return Ok(Parsed::Index(descriptor(e, "index entry")?));
             }
-            let mut name = format!("{}/{}", p.os, p.architecture);
-            if let Some(v) = &p.variant {
+            let mut name = format!("{os}/{arch}");
+            if let Some(v) = p.variant() {
                 name.push('/');
                 name.push_str(v);
             }
@@ -116,12 +85,13 @@ pub fn parse(body: &[u8], content_type: Option<&str>, platform: &Platform, origi
     if !media_type.is_empty() && media_type != OCI_MANIFEST && media_type != DOCKER_MANIFEST {
         bail!("{origin}: unsupported manifest media type {media_type:?}");
     }
-    let _ = doc.config.as_ref().map(|c| descriptor(c, "config")).transpose()?;
-    let layers = doc.layers.with_context(|| format!("{origin}: manifest has no layers"))?;
-    if layers.is_empty() {
+    if doc.get("layers").is_none_or(|l| l.as_array().is_some_and(|a| a.is_empty())) {
         bail!("{origin}: manifest has no layers");
     }
-    layers
+    let m: ImageManifest =
+        serde_json::from_value(doc).with_context(|| format!("{origin}: malformed image manifest"))?;
+    descriptor(m.config(), "config")?;
+    m.layers()
         .iter()
         .map(|l| descriptor(l, "layer"))
         .collect::<Result<Vec<_>>>()

@@ -1,18 +1,21 @@
-//! Image sources: remote registries (through `oci-client`) and local OCI image layouts.
+//! Image sources: remote registries (reqwest, per endpoint of registries.conf) and local OCI image layouts.
 //!
 //! Both resolve an [`ImageRef`] to a [`ResolvedImage`] (manifest digest and layer
 //! descriptors) and open layer blobs as a [`BlobReader`], so the extraction code is shared.
 
 pub mod auth;
+pub mod certs;
+pub mod endpoints;
 pub mod layout;
 pub mod manifest;
+pub mod reference;
 pub mod registries_conf;
 pub mod registry;
 pub mod retry;
-pub mod tls;
+pub mod session;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -20,142 +23,10 @@ use bytes::Bytes;
 
 use crate::cli::RegistryArgs;
 
+pub use reference::{ImageRef, valid_digest};
+
 /// Largest manifest or index accepted (bytes).
 pub const MAX_MANIFEST_SIZE: u64 = 4 * 1024 * 1024;
-
-/// A parsed image reference.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ImageRef {
-    /// An image in a registry.
-    Registry {
-        /// Registry host, with port if any.
-        registry: String,
-        /// Repository path.
-        repository: String,
-        /// Tag, if any.
-        tag: Option<String>,
-        /// Pinned manifest digest (`sha256:…`), if any.
-        digest: Option<String>,
-    },
-    /// An image in a local OCI image layout directory.
-    Layout {
-        /// Layout directory.
-        path: PathBuf,
-        /// Tag (`org.opencontainers.image.ref.name`), if any.
-        tag: Option<String>,
-    },
-}
-
-impl fmt::Display for ImageRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ImageRef::Registry { registry, repository, tag, digest } => {
-                write!(f, "{registry}/{repository}")?;
-                if let Some(t) = tag {
-                    write!(f, ":{t}")?;
-                }
-                if let Some(d) = digest {
-                    write!(f, "@{d}")?;
-                }
-                Ok(())
-            }
-            ImageRef::Layout { path, tag } => {
-                write!(f, "oci:{}", path.display())?;
-                if let Some(t) = tag {
-                    write!(f, ":{t}")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-fn valid_tag(t: &str) -> bool {
-    let b = t.as_bytes();
-    !b.is_empty()
-        && b.len() <= 128
-        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
-        && b[1..].iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
-}
-
-/// True for `sha256:` followed by 64 lowercase hex digits.
-pub fn valid_digest(d: &str) -> bool {
-    d.strip_prefix("sha256:")
-        .is_some_and(|h| h.len() == 64 && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)))
-}
-
-fn valid_repository(r: &str) -> bool {
-    !r.is_empty()
-        && r.split('/').all(|c| {
-            !c.is_empty()
-                && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'))
-                && c.as_bytes()[0].is_ascii_alphanumeric()
-                && c.as_bytes()[c.len() - 1].is_ascii_alphanumeric()
-        })
-}
-
-impl ImageRef {
-    /// Parses `registry/repo[:tag][@sha256:…]` or `oci:/path[:tag]`.
-    ///
-    /// A reference without a registry host (`busybox`, `library/busybox`) means `docker.io`.
-    pub fn parse(s: &str) -> Result<Self> {
-        let s = s.trim();
-        if let Some(rest) = s.strip_prefix("oci:") {
-            // The tag is after the last ':' if that part has no '/'.
-            let (path, tag) = match rest.rsplit_once(':') {
-                Some((p, t)) if !t.contains('/') && !p.is_empty() => (p, Some(t.to_string())),
-                _ => (rest, None),
-            };
-            if path.is_empty() {
-                bail!("image reference {s:?}: empty OCI layout path");
-            }
-            if let Some(t) = &tag
-                && !valid_tag(t)
-            {
-                bail!("image reference {s:?}: invalid tag {t:?}");
-            }
-            return Ok(ImageRef::Layout { path: PathBuf::from(path), tag });
-        }
-        let (name, digest) = match s.split_once('@') {
-            Some((n, d)) => {
-                if !valid_digest(d) {
-                    bail!("image reference {s:?}: digest must be sha256: and 64 lowercase hex");
-                }
-                (n, Some(d.to_string()))
-            }
-            None => (s, None),
-        };
-        let last_slash = name.rfind('/').map(|i| i + 1).unwrap_or(0);
-        let (name, tag) = match name[last_slash..].rfind(':') {
-            Some(i) => (&name[..last_slash + i], Some(name[last_slash + i + 1..].to_string())),
-            None => (name, None),
-        };
-        if let Some(t) = &tag
-            && !valid_tag(t)
-        {
-            bail!("image reference {s:?}: invalid tag {t:?}");
-        }
-        let (registry, repository) = match name.split_once('/') {
-            Some((host, rest)) if host.contains('.') || host.contains(':') || host == "localhost" => {
-                (host.to_string(), rest.to_string())
-            }
-            _ => ("docker.io".to_string(), name.to_string()),
-        };
-        let registry = auth::normalize_registry(&registry);
-        let repository = if registry == "docker.io" && !repository.contains('/') {
-            format!("library/{repository}")
-        } else {
-            repository
-        };
-        if !valid_repository(&repository) {
-            bail!("image reference {s:?}: invalid repository {repository:?}");
-        }
-        if registry.is_empty() {
-            bail!("image reference {s:?}: empty registry");
-        }
-        Ok(ImageRef::Registry { registry, repository, tag, digest })
-    }
-}
 
 /// An OS/architecture/variant triple to select from an image index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,25 +104,62 @@ pub struct Limits {
     pub max_total_size: u64,
     /// Largest layer blob (bytes, compressed).
     pub max_blob_size: u64,
+    /// Most layers an image may have (`--max-layers`).
+    pub max_layers: usize,
+    /// Most decompressed bytes per compressed byte of a layer (`--max-layer-ratio`).
+    pub max_layer_ratio: u64,
+    /// Absolute ceiling of one layer's decompressed bytes (`--max-layer-bytes`).
+    pub max_layer_bytes: u64,
+    /// Most tar entries indexed over all layers read (`--max-index-entries`).
+    pub max_index_entries: u64,
+    /// Most bytes the merged index may hold (`--max-index-bytes`).
+    pub max_index_bytes: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_file_size: 4 << 30, max_total_size: 8 << 30, max_blob_size: 16 << 30 }
+        Limits {
+            max_file_size: 4 << 30,
+            max_total_size: 8 << 30,
+            max_blob_size: 16 << 30,
+            max_layers: 256,
+            max_layer_ratio: crate::extract::layer::DEFAULT_MAX_RATIO,
+            max_layer_bytes: crate::extract::layer::DEFAULT_MAX_LAYER_BYTES,
+            max_index_entries: 250_000,
+            max_index_bytes: 32 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults, overridden by the command-line limit flags.
+    pub fn from_args(a: &crate::cli::LimitArgs) -> Result<Self> {
+        let d = Limits::default();
+        let positive = |v: Option<u64>, flag: &str, default: u64| -> Result<u64> {
+            match v {
+                Some(0) => bail!("{flag} must be at least 1"),
+                Some(v) => Ok(v),
+                None => Ok(default),
+            }
+        };
+        Ok(Limits {
+            max_file_size: positive(a.max_file_bytes, "--max-file-bytes", d.max_file_size)?,
+            max_total_size: positive(a.max_total_bytes, "--max-total-bytes", d.max_total_size)?,
+            max_blob_size: d.max_blob_size,
+            max_layers: positive(a.max_layers.map(|v| v as u64), "--max-layers", d.max_layers as u64)? as usize,
+            max_layer_ratio: positive(a.max_layer_ratio, "--max-layer-ratio", d.max_layer_ratio)?,
+            max_layer_bytes: positive(a.max_layer_bytes, "--max-layer-bytes", d.max_layer_bytes)?,
+            max_index_entries: positive(a.max_index_entries, "--max-index-entries", d.max_index_entries)?,
+            max_index_bytes: positive(a.max_index_bytes, "--max-index-bytes", d.max_index_bytes)?,
+        })
     }
 }
 
 /// How to reach registries; built from the command line.
 #[derive(Debug, Clone)]
 pub struct RegistryOptions {
-    /// Explicit auth file (`--auth-file`); else the default search.
-    pub auth_file: Option<PathBuf>,
-    /// registries.conf to use; `None` means the default when present.
-    pub registries_conf: Option<PathBuf>,
-    /// Directory of extra CA certificates.
-    pub cert_dir: Option<PathBuf>,
-    /// Registries (`host[:port]`) reached over plain HTTP.
-    pub insecure_registries: Vec<String>,
+    /// The node files (registries.conf, certs.d, auth) and the flags overriding them.
+    pub node: endpoints::NodeFiles,
     /// Platform to select from image indexes.
     pub platform: Platform,
     /// Longest wait for any registry response or progress.
@@ -267,10 +175,7 @@ pub struct RegistryOptions {
 impl Default for RegistryOptions {
     fn default() -> Self {
         RegistryOptions {
-            auth_file: None,
-            registries_conf: None,
-            cert_dir: None,
-            insecure_registries: Vec::new(),
+            node: endpoints::NodeFiles::default(),
             platform: Platform::current(),
             timeout: Duration::from_secs(30),
             retry: retry::RetryPolicy::default(),
@@ -281,8 +186,8 @@ impl Default for RegistryOptions {
 }
 
 impl RegistryOptions {
-    /// Builds the options from the command-line registry arguments.
-    pub fn from_args(args: &RegistryArgs) -> Result<Self> {
+    /// Builds the options from the command-line registry arguments; node files beneath `root`.
+    pub fn from_args(args: &RegistryArgs, root: &Path) -> Result<Self> {
         let platform = match &args.platform {
             Some(p) => Platform::parse(p).context("--platform")?,
             None => Platform::current(),
@@ -291,10 +196,14 @@ impl RegistryOptions {
             bail!("--timeout must be at least 1 second");
         }
         Ok(RegistryOptions {
-            auth_file: args.auth_file.clone(),
-            registries_conf: args.registries_conf.clone(),
-            cert_dir: args.cert_dir.clone(),
-            insecure_registries: args.insecure_registry.clone(),
+            node: endpoints::NodeFiles {
+                root: root.to_path_buf(),
+                registries_conf: args.registries_conf.clone(),
+                registries_conf_dir: args.registries_conf_dir.clone(),
+                cert_dirs: args.cert_dir.clone(),
+                auth_file: args.auth_file.clone(),
+                insecure_registries: args.insecure_registry.clone(),
+            },
             platform,
             timeout: Duration::from_secs(args.timeout),
             retry: retry::RetryPolicy {
@@ -302,12 +211,12 @@ impl RegistryOptions {
                 max_wait: Duration::from_secs(args.retry_budget),
                 ..retry::RetryPolicy::default()
             },
+            limits: Limits::from_args(&args.limits)?,
             trust: crate::trust::TrustOptions {
                 signature_policy: args.signature_policy.clone(),
                 registries_d: args.registries_d.clone(),
                 root: None,
             },
-            ..RegistryOptions::default()
         })
     }
 }
@@ -335,6 +244,8 @@ pub struct ResolvedImage {
     pub layers: Vec<Descriptor>,
     /// Human-readable name of where the image came from (for messages).
     pub origin: String,
+    /// The registry endpoint (mirror or source) the manifest came from; `None` for a layout.
+    pub endpoint: Option<endpoints::Endpoint>,
 }
 
 /// A blob being read, chunk by chunk.

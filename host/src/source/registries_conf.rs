@@ -1,167 +1,528 @@
-//! containers-registries.conf (v2): location rewrites, mirrors, insecure and blocked registries.
+//! containers-registries.conf(5) and containers-registries.conf.d(5), v2 and v1, read the
+//! way containers/image (`pkg/sysregistriesv2`) reads them: the main file, then the drop-ins
+//! in lexical order, an entry of a later file replacing the one with the same prefix.
+//!
+//! Every problem containers/image refuses to load is an error naming the file and entry.
+//! Keys it does not know are warnings naming file and key. Settings about short names
+//! (`unqualified-search-registries`, `short-name-mode`, `[aliases]`) are validated but
+//! never change a decision here: every reference this program pulls is fully qualified.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-/// Default registries.conf path, used when present.
-pub const DEFAULT_PATH: &str = "/etc/containers/registries.conf";
+use super::reference;
+
+/// The `credential-helpers` value that means "the auth files of containers-auth.json(5)".
+pub const AUTH_FILE_HELPER: &str = "containers-auth.json";
+
+/// `pull-from-mirror` of a mirror.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullFromMirror {
+    /// Used for tag and digest pulls (the default).
+    All,
+    /// Used only for pulls by digest.
+    DigestOnly,
+    /// Used only for pulls by tag.
+    TagOnly,
+}
+
+/// One place (`location`) of a registry entry: the source or a mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfEndpoint {
+    /// `host[:port][/path]` that replaces the matched prefix ("" only for wildcard sources).
+    pub location: String,
+    /// TLS without verification, then plain HTTP.
+    pub insecure: bool,
+    /// When this mirror is used.
+    pub pull_from_mirror: PullFromMirror,
+}
+
+/// One `[[registry]]` after normalisation (prefix defaults to location).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registry {
+    /// Matched against `host/repository`; `*.example.com` matches sub-domains.
+    pub prefix: String,
+    /// The source endpoint.
+    pub source: ConfEndpoint,
+    /// Mirrors, in order.
+    pub mirrors: Vec<ConfEndpoint>,
+    /// Pulling from the source endpoint is refused.
+    pub blocked: bool,
+    /// Mirrors are used only for pulls by digest.
+    pub mirror_by_digest_only: bool,
+    /// The file that defined this entry.
+    pub file: PathBuf,
+}
+
+impl Registry {
+    /// `FILE: [[registry]] prefix "…"`, for messages.
+    pub fn describe(&self) -> String {
+        format!("{}: [[registry]] prefix {:?}", self.file.display(), self.prefix)
+    }
+}
+
+/// One rewritten place to pull from, in the order containers/image tries them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullSource {
+    /// Registry host (with port) to contact.
+    pub host: String,
+    /// Repository on that host.
+    pub repository: String,
+    /// TLS without verification, then plain HTTP.
+    pub insecure: bool,
+    /// A mirror (else the source).
+    pub mirror: bool,
+}
 
 #[derive(Debug, Deserialize, Default)]
-struct ConfFile {
+#[serde(rename_all = "kebab-case")]
+struct RawFile {
     #[serde(default)]
-    registry: Vec<RegistryEntry>,
+    registry: Option<Vec<RawRegistry>>,
+    #[serde(default)]
+    unqualified_search_registries: Option<Vec<String>>,
+    #[serde(default)]
+    credential_helpers: Option<Vec<String>>,
+    #[serde(default)]
+    short_name_mode: Option<String>,
+    #[serde(default)]
+    additional_layer_store_auth_helper: Option<String>,
+    #[serde(default)]
+    aliases: Option<BTreeMap<String, String>>,
+    /// v1: `[registries.search]`, `[registries.insecure]`, `[registries.block]`.
+    #[serde(default)]
+    registries: Option<RawV1>,
+    #[serde(flatten)]
+    unknown: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct RawV1 {
+    #[serde(default)]
+    search: Option<RawV1List>,
+    #[serde(default)]
+    insecure: Option<RawV1List>,
+    #[serde(default)]
+    block: Option<RawV1List>,
+    #[serde(flatten)]
+    unknown: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct RawV1List {
+    #[serde(default)]
+    registries: Option<Vec<String>>,
+    #[serde(flatten)]
+    unknown: BTreeMap<String, toml::Value>,
 }
 
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(rename_all = "kebab-case")]
-struct RegistryEntry {
-    #[serde(default)]
-    prefix: Option<String>,
+struct RawEndpoint {
     #[serde(default)]
     location: Option<String>,
     #[serde(default)]
     insecure: bool,
     #[serde(default)]
-    blocked: bool,
+    pull_from_mirror: Option<String>,
+    #[serde(flatten)]
+    unknown: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(rename_all = "kebab-case")]
+struct RawRegistry {
     #[serde(default)]
-    mirror: Vec<Mirror>,
+    prefix: Option<String>,
+    #[serde(flatten)]
+    endpoint: RawEndpoint,
+    #[serde(default)]
+    mirror: Vec<RawEndpoint>,
+    #[serde(default)]
+    blocked: bool,
     #[serde(default)]
     mirror_by_digest_only: bool,
 }
 
-#[derive(Debug, Deserialize, Default, Clone)]
-struct Mirror {
-    location: String,
-    #[serde(default)]
-    insecure: bool,
-}
-
-/// A parsed registries.conf.
+/// One file, checked and normalised.
 #[derive(Debug, Default)]
+struct ParsedFile {
+    registries: Vec<Registry>,
+    credential_helpers: Option<Vec<String>>,
+}
+
+/// The merged configuration of registries.conf and its drop-ins.
+#[derive(Debug, Default, Clone)]
 pub struct RegistriesConf {
-    entries: Vec<RegistryEntry>,
-    source: Option<PathBuf>,
+    /// Entries by prefix (the merge key), sorted.
+    registries: BTreeMap<String, Registry>,
+    /// `credential-helpers` and the file that set it, if any file did.
+    credential_helpers: Option<(Vec<String>, PathBuf)>,
+    /// The files read, in order.
+    files: Vec<PathBuf>,
 }
 
-/// One place to pull an image from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// Registry host (with port).
-    pub host: String,
-    /// Repository path on that host.
-    pub repository: String,
-    /// Plain HTTP.
-    pub insecure: bool,
-    /// Whether this is a mirror (not the primary location).
-    pub mirror: bool,
-}
-
-fn prefix_matches(prefix: &str, name: &str) -> Option<usize> {
-    if let Some(suffix) = prefix.strip_prefix("*.") {
-        let host = name.split('/').next().unwrap_or(name);
-        return (host.ends_with(&format!(".{suffix}"))).then_some(host.len());
+/// `location` (or prefix) as containers/image accepts it: no scheme, no trailing `/`.
+fn parse_location(input: &str, what: &str) -> Result<String> {
+    let t = input.trim_end_matches('/');
+    if t.starts_with("http://") || t.starts_with("https://") {
+        bail!("{what}: invalid location {input:?}: URI schemes are not supported");
     }
-    if name == prefix || name.starts_with(&format!("{prefix}/")) { Some(prefix.len()) } else { None }
+    Ok(t.to_string())
 }
 
-fn split_location(loc: &str) -> (String, String) {
-    match loc.split_once('/') {
-        Some((h, r)) => (h.to_string(), r.to_string()),
-        None => (loc.to_string(), String::new()),
+fn warn_unknown(file: &Path, table: &str, unknown: &BTreeMap<String, toml::Value>) {
+    for k in unknown.keys() {
+        tracing::warn!(
+            "{}: unknown key {:?}{} ignored (containers/image ignores it too)",
+            file.display(),
+            k,
+            if table.is_empty() { String::new() } else { format!(" in {table}") }
+        );
     }
 }
 
-fn join_repo(base: &str, rest: &str) -> String {
-    match (base.is_empty(), rest.is_empty()) {
-        (true, _) => rest.to_string(),
-        (false, true) => base.to_string(),
-        (false, false) => format!("{base}/{rest}"),
-    }
+fn pull_from_mirror(v: Option<&str>, what: &str) -> Result<PullFromMirror> {
+    Ok(match v {
+        None | Some("") | Some("all") => PullFromMirror::All,
+        Some("digest-only") => PullFromMirror::DigestOnly,
+        Some("tag-only") => PullFromMirror::TagOnly,
+        Some(other) => bail!("{what}: unsupported pull-from-mirror value {other:?} (all, digest-only or tag-only)"),
+    })
 }
 
-impl RegistriesConf {
-    /// Loads `explicit`, else the default file when present, else an empty configuration.
-    pub fn load(explicit: Option<&Path>) -> Result<Self> {
-        let path = match explicit {
-            Some(p) => p.to_path_buf(),
-            None => {
-                let p = PathBuf::from(DEFAULT_PATH);
-                if !p.exists() {
-                    return Ok(RegistriesConf::default());
+fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
+    let f = file.display();
+    let raw: RawFile =
+        toml::from_str(text).with_context(|| format!("{f}: not a valid containers-registries.conf (TOML)"))?;
+    warn_unknown(file, "", &raw.unknown);
+    let v2_set = raw.registry.is_some()
+        || raw.unqualified_search_registries.is_some()
+        || raw.credential_helpers.is_some()
+        || raw.short_name_mode.is_some()
+        || raw.additional_layer_store_auth_helper.is_some()
+        || raw.aliases.is_some();
+    let mut registries: Vec<RawRegistry> = raw.registry.clone().unwrap_or_default();
+    if let Some(v1) = &raw.registries {
+        warn_unknown(file, "[registries]", &v1.unknown);
+        for (name, l) in [("search", &v1.search), ("insecure", &v1.insecure), ("block", &v1.block)] {
+            if let Some(l) = l {
+                warn_unknown(file, &format!("[registries.{name}]"), &l.unknown);
+            }
+        }
+        if drop_in {
+            bail!("{f}: a registries.conf.d drop-in must be in the v2 format, this one uses v1 [registries]");
+        }
+        if v2_set {
+            bail!("{f}: mixes the v1 format ([registries]) and the v2 format; containers/image refuses this");
+        }
+        // v1 → v2 as containers/image converts: one entry per location, blocked then insecure.
+        let mut order: Vec<String> = Vec::new();
+        let mut map: BTreeMap<String, RawRegistry> = BTreeMap::new();
+        for (list, is_block) in [(&v1.block, true), (&v1.insecure, false)] {
+            for loc in list.as_ref().and_then(|l| l.registries.clone()).unwrap_or_default() {
+                let what = format!("{f}: [registries.{}]", if is_block { "block" } else { "insecure" });
+                let loc = parse_location(&loc, &what)?;
+                let e = map.entry(loc.clone()).or_insert_with(|| {
+                    order.push(loc.clone());
+                    RawRegistry {
+                        prefix: Some(loc.clone()),
+                        endpoint: RawEndpoint { location: Some(loc.clone()), ..RawEndpoint::default() },
+                        ..RawRegistry::default()
+                    }
+                });
+                if is_block {
+                    e.blocked = true;
+                } else {
+                    e.endpoint.insecure = true;
+                }
+            }
+        }
+        registries = order.iter().filter_map(|l| map.remove(l)).collect();
+        if let Some(s) = v1.search.as_ref().and_then(|l| l.registries.as_ref())
+            && !s.is_empty()
+        {
+            tracing::debug!(
+                "{f}: [registries.search] applies to short names only; every reference here is fully qualified"
+            );
+        }
+    }
+    if let Some(list) = &raw.unqualified_search_registries {
+        for r in list {
+            let what = format!("{f}: unqualified-search-registries");
+            let r = parse_location(r, &what)?;
+            if !reference::valid_domain(&r) {
+                bail!("{what}: invalid entry {r:?} (must be host[:port])");
+            }
+        }
+        tracing::debug!(
+            "{f}: unqualified-search-registries applies to short names only; every reference here is fully qualified"
+        );
+    }
+    if let Some(m) = &raw.short_name_mode
+        && !matches!(m.as_str(), "" | "disabled" | "enforcing" | "permissive")
+    {
+        bail!("{f}: short-name-mode: invalid value {m:?} (disabled, enforcing or permissive)");
+    }
+    if let Some(a) = &raw.additional_layer_store_auth_helper
+        && !a.is_empty()
+    {
+        tracing::warn!(
+            "{f}: additional-layer-store-auth-helper {a:?} is not applicable (no additional layer store is used) and not executed"
+        );
+    }
+    let mut out = Vec::new();
+    for (i, r) in registries.iter().enumerate() {
+        let n = i + 1;
+        let what0 = format!("{f}: [[registry]] #{n}");
+        warn_unknown(file, &format!("[[registry]] #{n}"), &r.endpoint.unknown);
+        let location = parse_location(r.endpoint.location.as_deref().unwrap_or(""), &what0)?;
+        let prefix = match r.prefix.as_deref().unwrap_or("") {
+            "" => {
+                if location.is_empty() {
+                    bail!("{what0}: both location and prefix are unset");
+                }
+                location.clone()
+            }
+            p => {
+                let p = parse_location(p, &what0)?;
+                if !p.starts_with("*.") && location.is_empty() {
+                    bail!("{what0}: location is unset and prefix {p:?} is not of the form *.example.com");
                 }
                 p
             }
         };
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("read registries.conf {}", path.display()))?;
-        Self::parse(&text, Some(path))
+        let what = format!("{f}: [[registry]] prefix {prefix:?}");
+        if prefix.starts_with("*.") && prefix.contains(['/', '@', ':']) {
+            bail!("{what}: a wildcard prefix must be of the form *.example.com");
+        }
+        if r.endpoint.pull_from_mirror.is_some() {
+            bail!("{what}: pull-from-mirror must not be set for the source, only in [[registry.mirror]]");
+        }
+        let mut mirrors = Vec::new();
+        for (j, m) in r.mirror.iter().enumerate() {
+            let mwhat = format!("{what}: [[registry.mirror]] #{}", j + 1);
+            warn_unknown(file, &format!("[[registry]] prefix {prefix:?} [[registry.mirror]] #{}", j + 1), &m.unknown);
+            let loc = parse_location(m.location.as_deref().unwrap_or(""), &mwhat)?;
+            if loc.is_empty() {
+                bail!("{mwhat}: mirror location is unset");
+            }
+            if r.mirror_by_digest_only && m.pull_from_mirror.is_some() {
+                bail!(
+                    "{mwhat}: mirror-by-digest-only of the registry and pull-from-mirror of mirror {loc:?} cannot be set at the same time"
+                );
+            }
+            let pfm = pull_from_mirror(m.pull_from_mirror.as_deref(), &mwhat)?;
+            mirrors.push(ConfEndpoint { location: loc, insecure: m.insecure, pull_from_mirror: pfm });
+        }
+        out.push(Registry {
+            prefix,
+            source: ConfEndpoint { location, insecure: r.endpoint.insecure, pull_from_mirror: PullFromMirror::All },
+            mirrors,
+            blocked: r.blocked,
+            mirror_by_digest_only: r.mirror_by_digest_only,
+            file: file.to_path_buf(),
+        });
     }
-
-    /// Parses registries.conf text.
-    pub fn parse(text: &str, source: Option<PathBuf>) -> Result<Self> {
-        let name = source.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "registries.conf".into());
-        let conf: ConfFile =
-            toml::from_str(text).with_context(|| format!("{name}: not a valid registries.conf (v2)"))?;
-        for e in &conf.registry {
-            if e.prefix.is_none() && e.location.is_none() {
-                bail!("{name}: a [[registry]] has neither prefix nor location");
+    // The same location (or wildcard prefix) may appear several times, with the same
+    // security settings only.
+    for a in &out {
+        let key_a = if a.source.location.is_empty() { &a.prefix } else { &a.source.location };
+        for b in &out {
+            let key_b = if b.source.location.is_empty() { &b.prefix } else { &b.source.location };
+            if key_a != key_b {
+                continue;
+            }
+            if a.source.insecure != b.source.insecure {
+                bail!("{f}: registry {key_a:?} is defined several times with conflicting 'insecure' settings");
+            }
+            if a.blocked != b.blocked {
+                bail!("{f}: registry {key_a:?} is defined several times with conflicting 'blocked' settings");
             }
         }
-        Ok(RegistriesConf { entries: conf.registry, source })
+    }
+    // The first entry of a prefix wins inside one file (later ones are dead).
+    let mut seen = std::collections::BTreeSet::new();
+    let mut registries = Vec::new();
+    for r in out {
+        if seen.insert(r.prefix.clone()) {
+            registries.push(r);
+        } else {
+            tracing::warn!(
+                "{f}: [[registry]] prefix {:?} appears again; only the first entry counts (as in containers/image)",
+                r.prefix
+            );
+        }
+    }
+    Ok(ParsedFile { registries, credential_helpers: raw.credential_helpers })
+}
+
+/// containers/image's prefix match on `host/repository`: the length matched, or `None`.
+fn matching_prefix(name: &str, prefix: &str) -> Option<usize> {
+    if let Some(domain) = prefix.strip_prefix('*') {
+        // ".example.com" must occur in the host part and end it.
+        let index = name.find(domain)?;
+        if name[..index].contains('/') {
+            return None;
+        }
+        let end = index + domain.len();
+        return match name.as_bytes().get(end) {
+            None | Some(b':' | b'/' | b'@') => Some(end),
+            _ => None,
+        };
+    }
+    if name == prefix {
+        return Some(prefix.len());
+    }
+    if name.len() > prefix.len() && name.starts_with(prefix) {
+        return matches!(name.as_bytes()[prefix.len()], b':' | b'/' | b'@').then_some(prefix.len());
+    }
+    None
+}
+
+impl RegistriesConf {
+    /// Reads `main` (missing is fine unless `main_required`) and then every `*.conf` directly
+    /// in `drop_in_dir`, in lexical order.
+    pub fn load(main: &Path, main_required: bool, drop_in_dir: Option<&Path>) -> Result<Self> {
+        let mut conf = RegistriesConf::default();
+        match std::fs::read_to_string(main) {
+            Ok(text) => {
+                let parsed = parse_file(&text, main, false)?;
+                conf.merge(parsed, main);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !main_required => {
+                tracing::debug!("{}: not present, no registries configuration", main.display());
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading registries configuration {}", main.display())),
+        }
+        if let Some(dir) = drop_in_dir {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(rd) => {
+                    rd.collect::<std::io::Result<Vec<_>>>().with_context(|| format!("reading {}", dir.display()))?
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(e).with_context(|| format!("reading registries.conf.d {}", dir.display())),
+            };
+            let mut files: Vec<PathBuf> = entries
+                .iter()
+                .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+                .map(|e| e.path())
+                .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".conf")))
+                .collect();
+            files.sort();
+            for p in files {
+                let text = std::fs::read_to_string(&p)
+                    .with_context(|| format!("reading drop-in registries configuration {}", p.display()))?;
+                let parsed = parse_file(&text, &p, true)?;
+                conf.merge(parsed, &p);
+            }
+        }
+        Ok(conf)
     }
 
-    /// The endpoints to try for `registry/repository`, mirrors first, primary last.
-    pub fn endpoints(
+    /// Parses one file's text (tests and single-file use).
+    pub fn parse(text: &str, file: &Path) -> Result<Self> {
+        let mut conf = RegistriesConf::default();
+        let parsed = parse_file(text, file, false)?;
+        conf.merge(parsed, file);
+        Ok(conf)
+    }
+
+    fn merge(&mut self, parsed: ParsedFile, file: &Path) {
+        for r in parsed.registries {
+            if let Some(old) = self.registries.get(&r.prefix) {
+                tracing::debug!("{} replaces {}", r.describe(), old.describe());
+            }
+            self.registries.insert(r.prefix.clone(), r);
+        }
+        if let Some(h) = parsed.credential_helpers {
+            self.credential_helpers = Some((h, file.to_path_buf()));
+        }
+        self.files.push(file.to_path_buf());
+    }
+
+    /// The files read, in order (for messages).
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// `credential-helpers` and the file that set it, if set.
+    pub fn credential_helpers(&self) -> Option<(&[String], &Path)> {
+        self.credential_helpers.as_ref().map(|(h, p)| (h.as_slice(), p.as_path()))
+    }
+
+    /// The entry with the longest prefix matching `name` (`host/repository`), if any.
+    pub fn find(&self, name: &str) -> Option<&Registry> {
+        let mut best: Option<&Registry> = None;
+        for r in self.registries.values() {
+            if matching_prefix(name, &r.prefix).is_some() && best.is_none_or(|b| r.prefix.len() > b.prefix.len()) {
+                best = Some(r);
+            }
+        }
+        best
+    }
+
+    /// Where to pull `registry/repository` from: the usable mirrors in order, then the source,
+    /// each with the matched prefix rewritten to its location. `by_digest`: the reference
+    /// is pinned by digest. Returns the deciding entry, if one matched.
+    pub fn pull_sources(
         &self,
         registry: &str,
         repository: &str,
         by_digest: bool,
-        insecure_flags: &[String],
-    ) -> Result<Vec<Endpoint>> {
+    ) -> Result<(Vec<PullSource>, Option<&Registry>)> {
         let name = format!("{registry}/{repository}");
-        let mut best: Option<(usize, &RegistryEntry)> = None;
-        for e in &self.entries {
-            let prefix = e.prefix.as_deref().or(e.location.as_deref()).unwrap_or_default();
-            if let Some(len) = prefix_matches(prefix, &name)
-                && best.is_none_or(|(l, _)| len > l)
-            {
-                best = Some((len, e));
+        let Some(r) = self.find(&name) else {
+            return Ok((
+                vec![PullSource {
+                    host: registry.to_string(),
+                    repository: repository.to_string(),
+                    insecure: false,
+                    mirror: false,
+                }],
+                None,
+            ));
+        };
+        let mut eps: Vec<(&ConfEndpoint, bool)> = Vec::new();
+        for m in &r.mirrors {
+            let use_it = if r.mirror_by_digest_only {
+                by_digest
+            } else {
+                match m.pull_from_mirror {
+                    PullFromMirror::All => true,
+                    PullFromMirror::DigestOnly => by_digest,
+                    PullFromMirror::TagOnly => !by_digest,
+                }
+            };
+            if use_it {
+                eps.push((m, true));
+            } else {
+                tracing::debug!("{}: mirror {:?} not used for this reference", r.describe(), m.location);
             }
         }
-        let flag_insecure = |host: &str| insecure_flags.iter().any(|h| h == host);
-        let Some((len, e)) = best else {
-            return Ok(vec![Endpoint {
-                host: registry.to_string(),
-                repository: repository.to_string(),
-                insecure: flag_insecure(registry),
-                mirror: false,
-            }]);
-        };
-        let src = self.source.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "registries.conf".into());
-        if e.blocked {
-            bail!("registry {registry} is blocked for {name} by {src}");
-        }
-        let wildcard = e.prefix.as_deref().is_some_and(|p| p.starts_with("*."));
-        let rest = name[len..].trim_start_matches('/');
+        eps.push((&r.source, false));
+        let matched = matching_prefix(&name, &r.prefix).context("internal: prefix no longer matches")?;
         let mut out = Vec::new();
-        if !e.mirror_by_digest_only || by_digest {
-            for m in &e.mirror {
-                let (host, base) = split_location(&m.location);
-                let repository = if wildcard { repository.to_string() } else { join_repo(&base, rest) };
-                out.push(Endpoint { insecure: m.insecure || flag_insecure(&host), host, repository, mirror: true });
+        for (ep, mirror) in eps {
+            let rewritten =
+                if ep.location.is_empty() { name.clone() } else { format!("{}{}", ep.location, &name[matched..]) };
+            let (host, repository) = reference::split_name(&rewritten).with_context(|| {
+                format!("{}: rewriting {name:?} to location {:?} gives an invalid reference", r.describe(), ep.location)
+            })?;
+            // containers/image parses the result as a canonical name: no implied docker.io.
+            if format!("{host}/{repository}") != rewritten {
+                bail!(
+                    "{}: rewriting {name:?} to location {:?} gives {rewritten:?}, which is not a fully qualified reference",
+                    r.describe(),
+                    ep.location
+                );
             }
+            out.push(PullSource { host, repository, insecure: ep.insecure, mirror });
         }
-        let (host, repository) = match (&e.location, wildcard) {
-            (Some(loc), false) if !loc.is_empty() => {
-                let (h, base) = split_location(loc);
-                (h, join_repo(&base, rest))
-            }
-            _ => (registry.to_string(), repository.to_string()),
-        };
-        out.push(Endpoint { insecure: e.insecure || flag_insecure(&host), host, repository, mirror: false });
-        Ok(out)
+        Ok((out, Some(r)))
     }
 }
 
@@ -169,9 +530,22 @@ impl RegistriesConf {
 mod tests {
     use super::*;
 
+    fn conf(text: &str) -> RegistriesConf {
+        RegistriesConf::parse(text, Path::new("/t/registries.conf")).unwrap()
+    }
+
+    fn hosts(c: &RegistriesConf, reg: &str, repo: &str, digest: bool) -> Vec<String> {
+        c.pull_sources(reg, repo, digest)
+            .unwrap()
+            .0
+            .iter()
+            .map(|p| format!("{}/{}{}", p.host, p.repository, if p.insecure { " (insecure)" } else { "" }))
+            .collect()
+    }
+
     #[test]
-    fn mirrors_prefix_blocked() {
-        let c = RegistriesConf::parse(
+    fn prefixes_mirrors_rewrites() {
+        let c = conf(
             r#"
 [[registry]]
 prefix = "example.com/foo"
@@ -180,35 +554,96 @@ insecure = true
 [[registry.mirror]]
 location = "mirror1:5000/m"
 [[registry.mirror]]
-location = "mirror2"
+location = "mirror2.local"
 insecure = true
 
 [[registry]]
 location = "example.com"
 
 [[registry]]
-location = "bad.io"
-blocked = true
+prefix = ""
+location = "quay.io/org"
+[[registry.mirror]]
+location = "mirror.local:5000/org"
+pull-from-mirror = "digest-only"
+
+[[registry]]
+prefix = "*.example.org"
+[[registry.mirror]]
+location = "m.example.org:443"
 "#,
-            None,
+        );
+        assert_eq!(
+            hosts(&c, "example.com", "foo/img", false),
+            ["mirror1:5000/m/img", "mirror2.local/img (insecure)", "internal:5000/bar/img (insecure)"]
+        );
+        assert_eq!(hosts(&c, "example.com", "foobar/img", false), ["example.com/foobar/img"]);
+        assert_eq!(hosts(&c, "quay.io", "org/k", false), ["quay.io/org/k"]);
+        assert_eq!(hosts(&c, "quay.io", "org/k", true), ["mirror.local:5000/org/k", "quay.io/org/k"]);
+        assert_eq!(hosts(&c, "a.example.org", "x/y", false), ["m.example.org:443/x/y", "a.example.org/x/y"]);
+        assert_eq!(hosts(&c, "example.org", "x/y", false), ["example.org/x/y"]);
+    }
+
+    #[test]
+    fn refusals() {
+        let bad = |t: &str| RegistriesConf::parse(t, Path::new("/t/r.conf")).unwrap_err().to_string();
+        assert!(bad("[[registry]]\ninsecure = true\n").contains("both location and prefix are unset"));
+        assert!(bad("[[registry]]\nprefix = \"a.io\"\n").contains("location is unset"));
+        assert!(bad("[[registry]]\nlocation = \"https://a.io\"\n").contains("URI schemes"));
+        assert!(
+            bad("[registries.block]\nregistries = [\"a.io\"]\n[[registry]]\nlocation = \"b.io\"\n").contains("mixes")
+        );
+        assert!(
+            bad("[[registry]]\nlocation = \"a.io\"\nmirror-by-digest-only = true\n[[registry.mirror]]\nlocation = \"m\"\npull-from-mirror = \"all\"\n")
+                .contains("cannot be set at the same time")
+        );
+        assert!(
+            bad("[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m\"\npull-from-mirror = \"x\"\n")
+                .contains("unsupported")
+        );
+        assert!(bad("[[registry]]\nprefix = \"*.a.io/x\"\n").contains("wildcard"));
+        assert!(
+            bad("[[registry]]\nlocation = \"a.io\"\n[[registry]]\nlocation = \"a.io\"\ninsecure = true\n")
+                .contains("conflicting")
+        );
+        assert!(bad("short-name-mode = \"x\"\n").contains("short-name-mode"));
+        assert!(bad("[[registry]]\nlocation = \"a.io\"\npull-from-mirror = \"all\"\n").contains("only in"));
+    }
+
+    #[test]
+    fn v1_and_blocked() {
+        let c = conf(
+            "[registries.block]\nregistries = [\"bad.io\"]\n[registries.insecure]\nregistries = [\"ins.io:5000\"]\n",
+        );
+        assert!(c.find("bad.io/x").is_some_and(|r| r.blocked));
+        assert_eq!(hosts(&c, "ins.io:5000", "x", false), ["ins.io:5000/x (insecure)"]);
+        assert!(c.find("other.io/x").is_none());
+    }
+
+    #[test]
+    fn drop_ins_replace_by_prefix() {
+        let d = tempfile::tempdir().unwrap();
+        let main = d.path().join("registries.conf");
+        std::fs::write(&main, "[[registry]]\nlocation = \"a.io\"\nblocked = true\n").unwrap();
+        let dir = d.path().join("registries.conf.d");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("10-x.conf"),
+            "[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m1\"\n",
         )
         .unwrap();
-        let e = c.endpoints("example.com", "foo/img", false, &[]).unwrap();
-        assert_eq!(e.len(), 3);
-        assert_eq!((e[0].host.as_str(), e[0].repository.as_str(), e[0].insecure), ("mirror1:5000", "m/img", false));
-        assert_eq!((e[1].host.as_str(), e[1].repository.as_str(), e[1].insecure), ("mirror2", "img", true));
-        assert_eq!((e[2].host.as_str(), e[2].repository.as_str(), e[2].insecure), ("internal:5000", "bar/img", true));
-        let e = c.endpoints("example.com", "other/img", false, &["example.com".into()]).unwrap();
-        assert_eq!(
-            e,
-            vec![Endpoint {
-                host: "example.com".into(),
-                repository: "other/img".into(),
-                insecure: true,
-                mirror: false
-            }]
-        );
-        assert!(c.endpoints("bad.io", "x", false, &[]).is_err());
-        assert_eq!(c.endpoints("foo.io", "x", false, &[]).unwrap().len(), 1);
+        std::fs::write(
+            dir.join("20-y.conf"),
+            "[[registry]]\nlocation = \"a.io\"\n[[registry.mirror]]\nlocation = \"m2\"\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("ignored.txt"), "garbage").unwrap();
+        let c = RegistriesConf::load(&main, true, Some(&dir)).unwrap();
+        let r = c.find("a.io/x").unwrap();
+        assert!(!r.blocked);
+        assert_eq!(r.mirrors[0].location, "m2");
+        std::fs::write(dir.join("30-v1.conf"), "[registries.block]\nregistries = [\"a.io\"]\n").unwrap();
+        let e = RegistriesConf::load(&main, true, Some(&dir)).unwrap_err().to_string();
+        assert!(e.contains("30-v1.conf") && e.contains("v2"), "{e}");
     }
 }

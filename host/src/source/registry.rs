@@ -1,31 +1,24 @@
-//! Registry access: auth up front through `oci-client`; manifests (with a size cap) and
-//! layer blobs (streamed, resumed with `Range` on transient failures) through our own
-//! reqwest client, which sees status codes and `Retry-After`.
+//! Registry access over one [`Session`] per endpoint (TLS per certs.d, auth flows):
+//! manifests (with a size cap) and layer blobs (streamed, resumed with `Range` on transient
+//! failures) through our own reqwest client, which sees status codes and `Retry-After`.
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::OciDistributionError;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Reference, RegistryOperation};
 
-use super::auth::Credentials;
+use super::auth::AuthLookup;
+use super::certs::HostTls;
+use super::endpoints::Endpoint;
 use super::manifest::{self, Parsed};
-use super::registries_conf::Endpoint;
-use super::retry::{Failure, RetryBudget, classify_oci, classify_reqwest, status_failure, with_retry};
+use super::retry::{Failure, RetryBudget, classify_reqwest, status_failure, with_retry};
+use super::session::Session;
 use super::{Descriptor, MAX_MANIFEST_SIZE, RegistryOptions, ResolvedImage};
 
-/// One registry endpoint (primary or mirror) with authenticated clients.
+/// One registry endpoint (source or mirror) with an authenticated session.
 pub struct RegistryClient {
-    endpoint: Endpoint,
-    client: oci_client::Client,
-    http: reqwest::Client,
-    reference: Reference,
-    creds: Option<Credentials>,
-    bearer: Option<String>,
+    session: Arc<Session>,
     opts: RegistryOptions,
     budget: Arc<RetryBudget>,
 }
@@ -33,140 +26,52 @@ pub struct RegistryClient {
 impl RegistryClient {
     /// Name for messages: `host/repository`.
     pub fn name(&self) -> String {
-        format!("{}/{}", self.endpoint.host, self.endpoint.repository)
+        self.session.name()
+    }
+
+    /// The endpoint this client talks to (trust checks fetch signatures from it).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.session.endpoint
     }
 
     /// The retry budget and the most retries of one request: a mirror gets a few, then the
     /// next source is tried.
     fn retries(&self) -> (&RetryBudget, u32) {
-        (&self.budget, if self.endpoint.mirror { super::retry::MIRROR_RETRIES } else { u32::MAX })
+        (&self.budget, retry_limit(self.endpoint()))
     }
 
-    fn scheme(&self) -> &'static str {
-        if self.endpoint.insecure { "http" } else { "https" }
-    }
-
-    fn host(&self) -> &str {
-        self.reference.resolve_registry()
-    }
-
-    /// Builds the clients for `endpoint` and authenticates (pull scope); retries of every
-    /// request made through this client are taken from `budget`.
+    /// Connects to `endpoint` with its TLS material and credentials and authenticates
+    /// (pull scope); retries of every request made through this client are taken from `budget`.
     pub async fn connect(
         opts: &RegistryOptions,
         endpoint: &Endpoint,
-        certs: &[Vec<u8>],
+        tls: &HostTls,
+        auth: AuthLookup,
         budget: Arc<RetryBudget>,
     ) -> Result<Self> {
-        let reference = Reference::with_tag(endpoint.host.clone(), endpoint.repository.clone(), "latest".to_string());
-        let resolved_host = reference.resolve_registry().to_string();
-        let protocol = if endpoint.insecure {
-            ClientProtocol::HttpsExcept(vec![resolved_host.clone()])
-        } else {
-            ClientProtocol::Https
-        };
-        let config = ClientConfig {
-            protocol,
-            extra_root_certificates: certs
-                .iter()
-                .map(|d| Certificate { encoding: CertificateEncoding::Der, data: d.clone() })
-                .collect(),
-            read_timeout: Some(opts.timeout),
-            connect_timeout: Some(opts.timeout),
-            platform_resolver: None,
-            ..ClientConfig::default()
-        };
-        let client = oci_client::Client::try_from(config)
-            .with_context(|| format!("registry {}: cannot build HTTP client", endpoint.host))?;
-        let mut http = reqwest::Client::builder()
-            .read_timeout(opts.timeout)
-            .connect_timeout(opts.timeout)
-            .redirect(reqwest::redirect::Policy::limited(5))
-            .user_agent(concat!("kata-addons/", env!("CARGO_PKG_VERSION")));
-        let extra: Vec<reqwest::Certificate> = certs
-            .iter()
-            .map(|d| reqwest::Certificate::from_der(d))
-            .collect::<Result<_, _>>()
-            .context("--cert-dir: invalid certificate")?;
-        if !extra.is_empty() {
-            http = http.tls_certs_merge(extra);
-        }
-        let http = http.build().with_context(|| format!("registry {}: cannot build HTTP client", endpoint.host))?;
-        let creds = super::auth::lookup(opts.auth_file.as_deref(), &endpoint.host, &endpoint.repository)
-            .with_context(|| format!("registry {}: reading credentials", endpoint.host))?;
-        let mut me = RegistryClient {
-            endpoint: endpoint.clone(),
-            client,
-            http,
-            reference,
-            creds,
-            bearer: None,
-            opts: opts.clone(),
-            budget,
-        };
-        me.authenticate().await?;
-        Ok(me)
+        let session = Session::connect(opts, endpoint, tls, auth, budget.clone()).await?;
+        Ok(RegistryClient { session: Arc::new(session), opts: opts.clone(), budget })
     }
 
-    async fn authenticate(&mut self) -> Result<()> {
-        let auth = match &self.creds {
-            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
-            None => RegistryAuth::Anonymous,
-        };
-        let who = match &self.creds {
-            Some(c) => format!("user {:?} from {}", c.username, c.source),
-            None => "anonymous access (no credentials found)".to_string(),
-        };
-        let name = self.name();
-        let what = format!("registry {name}: authentication");
-        let token = with_retry(self.retries(), self.opts.timeout, &what, || async {
-            match self.client.auth(&self.reference, &auth, RegistryOperation::Pull).await {
-                Ok(t) => Ok(t),
-                Err(OciDistributionError::AuthenticationFailure(reason)) => {
-                    Err(Failure::Fatal(anyhow!("authentication failed for {who}: {}", reason.trim())))
-                }
-                Err(e) => Err(classify_oci(e)),
-            }
-        })
-        .await?;
-        self.bearer = token;
-        if self.bearer.is_none() {
-            // Basic auth (or none): oci-client does not check the password; ask /v2/.
-            let url = format!("{}://{}/v2/", self.scheme(), self.host());
-            let status = with_retry(self.retries(), self.opts.timeout, &what, || async {
-                let resp = self.authorize(self.http.get(&url)).send().await.map_err(classify_reqwest)?;
-                let status = resp.status();
-                if super::retry::transient_status(status) {
-                    return Err(status_failure(status, resp.headers(), anyhow!("{url}: HTTP {status}")));
-                }
-                Ok(status)
-            })
-            .await?;
-            if status.as_u16() == 401 {
-                bail!(
-                    "registry {name}: authentication failed for {who}: the registry refused the credentials (HTTP 401)"
-                );
-            }
-        }
-        Ok(())
-    }
-
-    fn authorize(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match (&self.bearer, &self.creds) {
-            (Some(t), _) => rb.bearer_auth(t),
-            (None, Some(c)) => rb.basic_auth(&c.username, Some(&c.password)),
-            (None, None) => rb,
-        }
+    /// Fetches a manifest by tag or digest (capped at [`MAX_MANIFEST_SIZE`], digest-checked when
+    /// `expect` is given): body, its digest, and the `Content-Type`.
+    pub async fn get_manifest(
+        &self,
+        reference: &str,
+        expect: Option<&str>,
+    ) -> Result<(Vec<u8>, String, Option<String>)> {
+        self.fetch_manifest(reference, expect).await
     }
 
     /// Fetches one manifest (by tag or digest), capped and digest-checked.
     async fn fetch_manifest(&self, reference: &str, expect: Option<&str>) -> Result<(Vec<u8>, String, Option<String>)> {
-        let url = format!("{}://{}/v2/{}/manifests/{reference}", self.scheme(), self.host(), self.endpoint.repository);
+        let url = self.session.url(&format!("manifests/{reference}"));
         let name = self.name();
         let what = format!("registry {name}: manifest {reference}");
         let (body, content_type, header_digest) = with_retry(self.retries(), self.opts.timeout, &what, || async {
             let resp = self
-                .authorize(self.http.get(&url))
+                .session
+                .get(&url)
                 .header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "))
                 .send()
                 .await
@@ -177,13 +82,7 @@ impl RegistryClient {
             }
             match status.as_u16() {
                 200 => {}
-                401 => {
-                    let who = match &self.creds {
-                        Some(c) => format!("authentication failed for user {:?} from {}", c.username, c.source),
-                        None => "authentication required and no credentials found".to_string(),
-                    };
-                    return Err(Failure::Fatal(anyhow!("{who} (HTTP 401)")));
-                }
+                401 => return Err(Failure::Fatal(self.session.unauthorized())),
                 403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
                 404 => return Err(Failure::Fatal(anyhow!("manifest unknown (HTTP 404)"))),
                 _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
@@ -237,7 +136,13 @@ impl RegistryClient {
             let what = format!("{origin} ({first})");
             match manifest::parse(&body, ct.as_deref(), &self.opts.platform, &what)? {
                 Parsed::Manifest(layers) => {
-                    return Ok(ResolvedImage { manifest_digest: dgst, top_digest, layers, origin });
+                    return Ok(ResolvedImage {
+                        manifest_digest: dgst,
+                        top_digest,
+                        layers,
+                        origin,
+                        endpoint: Some(self.endpoint().clone()),
+                    });
                 }
                 Parsed::Index(d) => {
                     if d.size > MAX_MANIFEST_SIZE {
@@ -253,24 +158,20 @@ impl RegistryClient {
         bail!("{origin}: image indexes nested too deeply")
     }
 
-    /// The endpoint this client talks to.
-    pub fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
-    }
-
     /// The HTTP client of this endpoint (its TLS settings), for lookaside signature servers.
     pub fn http_client(&self) -> &reqwest::Client {
-        &self.http
+        self.session.http()
     }
 
     /// Fetches a manifest by tag when it exists (`None` on HTTP 404), at most `cap` bytes:
     /// sigstore attachments (`sha256-<hex>.sig`).
     pub async fn optional_manifest(&self, tag: &str, cap: u64) -> Result<Option<Vec<u8>>> {
-        let url = format!("{}://{}/v2/{}/manifests/{tag}", self.scheme(), self.host(), self.endpoint.repository);
+        let url = self.session.url(&format!("manifests/{tag}"));
         let what = format!("registry {}: manifest {tag}", self.name());
         with_retry(self.retries(), self.opts.timeout, &what, || async {
             let resp = self
-                .authorize(self.http.get(&url))
+                .session
+                .get(&url)
                 .header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "))
                 .send()
                 .await
@@ -282,6 +183,7 @@ impl RegistryClient {
             match status.as_u16() {
                 200 => {}
                 404 => return Ok(None),
+                401 => return Err(Failure::Fatal(self.session.unauthorized())),
                 _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
             }
             let mut body = Vec::new();
@@ -320,7 +222,7 @@ impl RegistryClient {
     /// Opens a layer blob for streaming.
     pub fn open_blob(self: &Arc<Self>, desc: &Descriptor) -> RegistryBlob {
         RegistryBlob {
-            url: format!("{}://{}/v2/{}/blobs/{}", self.scheme(), self.host(), self.endpoint.repository, desc.digest),
+            url: self.session.url(&format!("blobs/{}", desc.digest)),
             client: self.clone(),
             digest: desc.digest.clone(),
             offset: 0,
@@ -329,6 +231,11 @@ impl RegistryClient {
             failures: 0,
         }
     }
+}
+
+/// The most retries of one request to `ep`: a mirror gets a few, then the next source is tried.
+pub fn retry_limit(ep: &Endpoint) -> u32 {
+    if ep.mirror { super::retry::MIRROR_RETRIES } else { u32::MAX }
 }
 
 /// A layer blob streamed from a registry; reconnects with a `Range` request after
@@ -349,17 +256,29 @@ impl RegistryBlob {
     }
 
     async fn reopen(&mut self) -> std::result::Result<(), Failure> {
-        let c = &self.client;
-        let mut req = c.authorize(c.http.get(&self.url));
-        if self.offset > 0 {
-            req = req.header(reqwest::header::RANGE, format!("bytes={}-", self.offset));
-        }
-        let resp = req.send().await.map_err(classify_reqwest)?;
+        let session = &self.client.session;
+        let mut reauthenticated = false;
+        let resp = loop {
+            let mut req = session.get(&self.url);
+            if self.offset > 0 {
+                req = req.header(reqwest::header::RANGE, format!("bytes={}-", self.offset));
+            }
+            let resp = req.send().await.map_err(classify_reqwest)?;
+            if resp.status().as_u16() == 401 && !reauthenticated {
+                // An expired token: ask for a new one, once.
+                reauthenticated = session.reauthenticate().await.map_err(Failure::Fatal)?;
+                if reauthenticated {
+                    continue;
+                }
+            }
+            break resp;
+        };
         let status = resp.status();
         match status.as_u16() {
             200 => self.skip = self.offset, // Range ignored: skip what was already consumed.
             206 if self.offset > 0 => self.skip = 0,
-            401 | 403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP {status})"))),
+            401 => return Err(Failure::Fatal(session.unauthorized())),
+            403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
             404 => return Err(Failure::Fatal(anyhow!("blob unknown (HTTP 404)"))),
             _ => return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}"))),
         }

@@ -9,7 +9,6 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Result, anyhow};
-use oci_client::errors::OciDistributionError;
 
 /// How transient failures are retried.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,21 +238,6 @@ pub fn classify_reqwest(e: reqwest::Error) -> Failure {
         Failure::transient(anyhow::Error::new(e))
     } else {
         Failure::Fatal(anyhow::Error::new(e))
-    }
-}
-
-/// Classifies an `oci-client` error (it keeps the status, not the headers).
-pub fn classify_oci(e: OciDistributionError) -> Failure {
-    match e {
-        OciDistributionError::RequestError(r) => classify_reqwest(r),
-        OciDistributionError::ServerError { code, .. } if code >= 500 || code == 429 || code == 408 => {
-            Failure::transient(anyhow::Error::new(e))
-        }
-        OciDistributionError::RegistryError { .. } if format!("{e:?}").contains("Toomanyrequests") => {
-            Failure::transient(anyhow::Error::new(e))
-        }
-        OciDistributionError::IoError(io) => classify_io(io),
-        other => Failure::Fatal(anyhow::Error::new(other)),
     }
 }
 

@@ -197,14 +197,23 @@ pub fn gate(opts: &TrustOptions, image: &ImageRef) -> Result<Gate> {
         bail!("{where_}: reject: the policy refuses {image}");
     }
     if reqs.iter().all(|r| *r == Requirement::InsecureAcceptAnything) {
-        return Ok(Gate::Decided(TrustRecord {
+        let record = TrustRecord {
             decision: "accepted".into(),
             policy_file: loaded.file,
             scope: scope_name(subj.transport, &scope),
             requirement: names(reqs),
             identity: None,
             key: None,
-        }));
+        };
+        tracing::info!(
+            step = "trust",
+            decision = %record.decision,
+            policy = %record.policy_file,
+            scope = %record.scope,
+            requirement = %record.requirement,
+            "image trust policy accepts {image} without signatures"
+        );
+        return Ok(Gate::Decided(record));
     }
     Ok(Gate::NeedsSignatures)
 }

@@ -1,4 +1,4 @@
-//! A small, well-behaved alternative policy for the `--policy` end-to-end test: it
+//! A small, well-behaved alternative policy for the `--policy-component` end-to-end test: it
 //! accepts exactly `addonImage` (`registry/repo:tag`) and `kernelPath`, always targets
 //! the `tdx` runtime, and renders a drop-in that says which policy wrote it.
 #![no_std]

@@ -1,0 +1,192 @@
+//! TLS material per registry host, per containers-certs.d(5) and containers/image's
+//! `tlsclientconfig.SetupCertificates`: in a certs directory, `*.crt` are extra CA roots,
+//! `*.cert` + `*.key` pairs are client certificates (mutual TLS).
+//!
+//! Per-host directories `DIR/<host[:port]>/`: the first DIR (in order) that has an entry for
+//! the host is used, the others are not read for that host; nothing under one host's
+//! directory affects another host. Files directly in a `--cert-dir DIR` apply to every host
+//! (skopeo's `--src-cert-dir`). A `.crt` that does not parse is reported and skipped (as
+//! containers/image does); a `.cert` without its `.key` (or the reverse) fails that host.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// A client certificate and its key, PEM, as one buffer (`reqwest::Identity::from_pem`).
+#[derive(Clone)]
+pub struct ClientIdentity {
+    /// The `.cert` file (for messages).
+    pub cert_file: PathBuf,
+    /// Certificate chain then private key, PEM.
+    pub pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientIdentity({})", self.cert_file.display())
+    }
+}
+
+/// What TLS uses for one host.
+#[derive(Debug, Clone, Default)]
+pub struct HostTls {
+    /// Extra CA roots (DER), added to the built-in ones.
+    pub roots: Vec<Vec<u8>>,
+    /// Client certificate to present, if any.
+    pub identity: Option<ClientIdentity>,
+    /// Directories that were read for this host (for messages).
+    pub dirs: Vec<PathBuf>,
+}
+
+/// Where certificates come from.
+#[derive(Debug, Clone, Default)]
+pub struct CertSources {
+    /// Directories with `<host[:port]>/` subdirectories, in priority order.
+    pub per_host: Vec<PathBuf>,
+    /// Directories whose files apply to every host (`--cert-dir`).
+    pub global: Vec<PathBuf>,
+    /// The node's CA bundle, if present (added to the built-in roots for every host).
+    pub bundle: Option<PathBuf>,
+}
+
+/// Certificates of a PEM file; blocks that do not parse are reported (named) and skipped.
+pub fn parse_pem_lenient(data: &[u8], file: &Path) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for (i, cert) in CertificateDer::pem_slice_iter(data).enumerate() {
+        match cert {
+            Ok(der) if der.len() >= 64 && der[0] == 0x30 => out.push(der.to_vec()),
+            Ok(_) => tracing::warn!("{}: certificate {} is not an X.509 certificate, ignored", file.display(), i + 1),
+            Err(e) => tracing::warn!("{}: certificate {} does not parse ({e}), ignored", file.display(), i + 1),
+        }
+    }
+    out
+}
+
+fn is_dir(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_dir())
+}
+
+/// containers/image's `SetupCertificates` on one directory.
+fn setup_dir(dir: &Path, tls: &mut HostTls) -> Result<()> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading certificates directory {}", dir.display())),
+    };
+    let mut names: Vec<String> = rd
+        .collect::<std::io::Result<Vec<_>>>()
+        .with_context(|| format!("reading certificates directory {}", dir.display()))?
+        .into_iter()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    tls.dirs.push(dir.to_path_buf());
+    for name in &names {
+        let path = dir.join(name);
+        if name.ends_with(".crt") {
+            let data = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            let certs = parse_pem_lenient(&data, &path);
+            if certs.is_empty() {
+                tracing::warn!("{}: no certificate found in this .crt file, ignored", path.display());
+            }
+            tls.roots.extend(certs);
+        } else if let Some(base) = name.strip_suffix(".cert") {
+            let key_name = format!("{base}.key");
+            if !names.contains(&key_name) {
+                bail!(
+                    "{}: missing key {key_name} for client certificate {name} (CA certificates must use the extension .crt)",
+                    dir.display()
+                );
+            }
+            let key_path = dir.join(&key_name);
+            let cert_pem = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            let key_pem = std::fs::read(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
+            let chain: Vec<_> = CertificateDer::pem_slice_iter(&cert_pem)
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| anyhow::anyhow!("{}: client certificate does not parse: {e}", path.display()))?;
+            if chain.is_empty() {
+                bail!("{}: no certificate in this client certificate file", path.display());
+            }
+            PrivateKeyDer::from_pem_slice(&key_pem)
+                .map_err(|e| anyhow::anyhow!("{}: private key does not parse: {e}", key_path.display()))?;
+            if let Some(prev) = &tls.identity {
+                tracing::warn!(
+                    "{}: a client certificate is already used ({}); only one is presented",
+                    path.display(),
+                    prev.cert_file.display()
+                );
+                continue;
+            }
+            let mut pem = cert_pem;
+            pem.push(b'\n');
+            pem.extend_from_slice(&key_pem);
+            tls.identity = Some(ClientIdentity { cert_file: path, pem });
+        } else if let Some(base) = name.strip_suffix(".key") {
+            let cert_name = format!("{base}.cert");
+            if !names.contains(&cert_name) {
+                bail!("{}: missing client certificate {cert_name} for key {name}", dir.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+impl CertSources {
+    /// The TLS material for `host` (`host[:port]`, as in the image reference).
+    pub fn for_host(&self, host: &str) -> Result<HostTls> {
+        let mut tls = HostTls::default();
+        if let Some(b) = &self.bundle {
+            match std::fs::read(b) {
+                Ok(data) => tls.roots.extend(parse_pem_lenient(&data, b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("reading the node CA bundle {}", b.display())),
+            }
+        }
+        for g in &self.global {
+            if !is_dir(g) {
+                bail!("--cert-dir {}: not a directory", g.display());
+            }
+            setup_dir(g, &mut tls).with_context(|| format!("registry {host}: certificates"))?;
+        }
+        if host.contains('/') || host.starts_with('.') {
+            bail!("invalid registry host {host:?}");
+        }
+        for d in &self.per_host {
+            let hd = d.join(host);
+            match std::fs::metadata(&hd) {
+                Ok(_) => {
+                    setup_dir(&hd, &mut tls).with_context(|| format!("registry {host}: certificates"))?;
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| format!("reading {}", hd.display())),
+            }
+        }
+        Ok(tls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cert_without_key_fails_only_that_host() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("a.example:5000");
+        let b = d.path().join("b.example");
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(a.join("client.cert"), "x").unwrap();
+        std::fs::write(b.join("bad.crt"), "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+            .unwrap();
+        let s = CertSources { per_host: vec![d.path().to_path_buf()], ..CertSources::default() };
+        let e = format!("{:#}", s.for_host("a.example:5000").unwrap_err());
+        assert!(e.contains("missing key client.key"), "{e}");
+        let t = s.for_host("b.example").unwrap();
+        assert!(t.roots.is_empty() && t.identity.is_none());
+        assert!(s.for_host("c.example").unwrap().dirs.is_empty());
+    }
+}

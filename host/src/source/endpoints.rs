@@ -1,0 +1,173 @@
+//! The node's registry configuration (files beneath `--root`, or the flags that replace
+//! them) and the endpoints an image is pulled from, decided as containers/image decides.
+//!
+//! An [`Endpoint`] says where one attempt goes (mirror or source), with what TLS and which
+//! configuration entry decided it; `fetch::Connections::client` gives an authenticated client
+//! for it, so later steps (signature checks) can talk to the endpoint the manifest came from.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::auth::{AuthLookup, AuthSources};
+use super::certs::{CertSources, HostTls};
+use super::registries_conf::RegistriesConf;
+
+/// Node paths read by default, relative to `--root`.
+pub mod paths {
+    /// containers-registries.conf(5).
+    pub const REGISTRIES_CONF: &str = "etc/containers/registries.conf";
+    /// containers-registries.conf.d(5).
+    pub const REGISTRIES_CONF_D: &str = "etc/containers/registries.conf.d";
+    /// containers-certs.d(5), searched first.
+    pub const CERTS_D: &str = "etc/containers/certs.d";
+    /// Docker's per-host certificates, searched second.
+    pub const DOCKER_CERTS_D: &str = "etc/docker/certs.d";
+    /// CA bundle of Fedora/RHEL/CoreOS nodes.
+    pub const CA_BUNDLE_RHEL: &str = "etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem";
+    /// CA bundle of Debian/Ubuntu nodes.
+    pub const CA_BUNDLE_DEBIAN: &str = "etc/ssl/certs/ca-certificates.crt";
+    /// The kubelet's (OpenShift's global) pull secret.
+    pub const PULL_SECRET: &str = "var/lib/kubelet/config.json";
+}
+
+/// Which files to read: the node's beneath `root`, unless a flag names others.
+#[derive(Debug, Clone)]
+pub struct NodeFiles {
+    /// The node's root filesystem (`/`, or `/host` in the DaemonSet).
+    pub root: PathBuf,
+    /// `--registries-conf FILE` (must exist).
+    pub registries_conf: Option<PathBuf>,
+    /// `--registries-conf-dir DIR`.
+    pub registries_conf_dir: Option<PathBuf>,
+    /// `--cert-dir DIR` (repeatable): replaces the node's certs.d directories.
+    pub cert_dirs: Vec<PathBuf>,
+    /// `--auth-file FILE`.
+    pub auth_file: Option<PathBuf>,
+    /// `--insecure-registry HOST[:PORT]` (repeatable).
+    pub insecure_registries: Vec<String>,
+}
+
+impl Default for NodeFiles {
+    fn default() -> Self {
+        NodeFiles {
+            root: PathBuf::from("/"),
+            registries_conf: None,
+            registries_conf_dir: None,
+            cert_dirs: Vec::new(),
+            auth_file: None,
+            insecure_registries: Vec::new(),
+        }
+    }
+}
+
+/// The loaded configuration for one operation.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// registries.conf and drop-ins, merged.
+    pub registries: RegistriesConf,
+    /// Certificates.
+    pub certs: CertSources,
+    /// Credentials.
+    pub auth: AuthSources,
+    /// `--insecure-registry` hosts.
+    pub insecure_registries: Vec<String>,
+}
+
+/// One place to pull from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Registry host (with port) contacted.
+    pub host: String,
+    /// Repository on that host.
+    pub repository: String,
+    /// TLS without certificate verification, then plain HTTP (registries.conf `insecure`
+    /// or `--insecure-registry`).
+    pub insecure: bool,
+    /// A mirror (else the source).
+    pub mirror: bool,
+    /// The registries.conf entry that decided, if one matched (`FILE: [[registry]] prefix "…"`).
+    pub decided_by: Option<String>,
+    /// Set when this endpoint must not be contacted: the entry that blocks it.
+    pub blocked_by: Option<String>,
+}
+
+impl Endpoint {
+    /// `host/repository`.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.host, self.repository)
+    }
+
+    /// `mirror host/repo` or `source host/repo`, for messages.
+    pub fn describe(&self) -> String {
+        format!("{} {}", if self.mirror { "mirror" } else { "source" }, self.name())
+    }
+}
+
+impl NodeFiles {
+    /// Reads registries.conf (+ drop-ins) and prepares certificate and auth sources.
+    pub fn load(&self) -> Result<NodeConfig> {
+        let root = &self.root;
+        let (main, required) = match &self.registries_conf {
+            Some(p) => (p.clone(), true),
+            None => (root.join(paths::REGISTRIES_CONF), false),
+        };
+        let dir = self.registries_conf_dir.clone().unwrap_or_else(|| root.join(paths::REGISTRIES_CONF_D));
+        let registries = RegistriesConf::load(&main, required, Some(&dir))?;
+        let certs = if self.cert_dirs.is_empty() {
+            CertSources {
+                per_host: vec![root.join(paths::CERTS_D), root.join(paths::DOCKER_CERTS_D)],
+                global: Vec::new(),
+                bundle: node_bundle(root),
+            }
+        } else {
+            CertSources { per_host: self.cert_dirs.clone(), global: self.cert_dirs.clone(), bundle: node_bundle(root) }
+        };
+        let mut auth = AuthSources::new(self.auth_file.as_deref(), root);
+        auth.conf_helpers = registries.credential_helpers().map(|(h, p)| (h.to_vec(), p.to_path_buf()));
+        Ok(NodeConfig { registries, certs, auth, insecure_registries: self.insecure_registries.clone() })
+    }
+}
+
+fn node_bundle(root: &Path) -> Option<PathBuf> {
+    [paths::CA_BUNDLE_RHEL, paths::CA_BUNDLE_DEBIAN].iter().map(|p| root.join(p)).find(|p| p.is_file())
+}
+
+impl NodeConfig {
+    /// The endpoints to try for `registry/repository`, in order (mirrors, then the source).
+    /// A blocked endpoint is listed with `blocked_by` set (it fails without being contacted).
+    pub fn endpoints(&self, registry: &str, repository: &str, by_digest: bool) -> Result<Vec<Endpoint>> {
+        let (sources, entry) = self.registries.pull_sources(registry, repository, by_digest)?;
+        let decided_by = entry.map(|e| e.describe());
+        let mut out = Vec::new();
+        for s in sources {
+            // As containers/image: the physical reference is looked up again; an entry
+            // marked blocked for it refuses this endpoint (the mirrors stay usable).
+            let blocked_by = self
+                .registries
+                .find(&format!("{}/{}", s.host, s.repository))
+                .filter(|r| r.blocked)
+                .map(|r| format!("blocked by {}", r.describe()));
+            let insecure = s.insecure || self.insecure_registries.contains(&s.host);
+            out.push(Endpoint {
+                host: s.host,
+                repository: s.repository,
+                insecure,
+                mirror: s.mirror,
+                decided_by: decided_by.clone(),
+                blocked_by,
+            });
+        }
+        Ok(out)
+    }
+
+    /// TLS material for an endpoint's host.
+    pub fn tls_for(&self, ep: &Endpoint) -> Result<HostTls> {
+        self.certs.for_host(&ep.host)
+    }
+
+    /// Credentials for an endpoint.
+    pub fn auth_for(&self, ep: &Endpoint) -> Result<AuthLookup> {
+        self.auth.lookup(&ep.host, &ep.repository).with_context(|| format!("{}: credentials", ep.describe()))
+    }
+}
