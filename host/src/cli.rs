@@ -116,7 +116,7 @@ pub struct LimitArgs {
     /// Most tar entries indexed over the layers read [default: 250000].
     #[arg(long, value_name = "N")]
     pub max_index_entries: Option<u64>,
-    /// Most bytes of that index (paths plus 96 bytes per entry) [default: 32 MiB].
+    /// Most bytes of that index (paths plus 96 bytes per entry) [default: 24 MiB].
     #[arg(long, value_name = "BYTES")]
     pub max_index_bytes: Option<u64>,
     /// Largest extracted file [default: 4 GiB].

@@ -127,6 +127,7 @@ fn fetch(dir: &Path, image: &str, paths: &[&str], extra: &[&str]) -> Measured {
 }
 
 fn assert_within_budget(m: &Measured, what: &str) {
+    eprintln!("cost of {what}: peak RSS {:.1} MiB, CPU {:.2} s", m.peak_rss_mib(), m.cpu.as_secs_f64());
     assert!(m.signal.is_none(), "{what}: killed\n{}", m.summary());
     assert!(m.peak_rss_mib() <= RSS_BUDGET_MIB, "{what}: peak RSS over {RSS_BUDGET_MIB} MiB\n{}", m.summary());
     assert!(m.cpu <= CPU_BUDGET, "{what}: CPU over {CPU_BUDGET:?}\n{}", m.summary());

@@ -126,7 +126,7 @@ impl Default for Limits {
             max_layer_ratio: crate::extract::layer::DEFAULT_MAX_RATIO,
             max_layer_bytes: crate::extract::layer::DEFAULT_MAX_LAYER_BYTES,
             max_index_entries: 250_000,
-            max_index_bytes: 32 << 20,
+            max_index_bytes: 24 << 20,
         }
     }
 }
