@@ -14,7 +14,7 @@ cargo build --release --quiet -p kata-addons
 policy_args=()
 configmap=examples/kata-addon-artifacts.yaml
 if [ $# -ge 2 ]; then
-  policy_args=(--policy "$1")
+  policy_args=(--policy-component "$1")
   configmap=$2
 fi
 cache=$(mktemp -d)

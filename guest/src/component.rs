@@ -23,16 +23,27 @@ impl Guest for Component {
         crate::env(&data).map(|env| env.into_iter().map(kv_out).collect()).map_err(violations_out)
     }
 
-    fn plan(env: Vec<w::KeyValue>) -> Result<w::Plan, Vec<w::Violation>> {
+    fn plan(env: Vec<w::KeyValue>, node: w::NodeOptions) -> Result<w::Plan, Vec<w::Violation>> {
         let env: Vec<t::KeyValue> = env.into_iter().map(kv_in).collect();
-        crate::plan(&env).map(plan_out).map_err(violations_out)
+        let node = t::NodeOptions { kata_prefix: node.kata_prefix };
+        crate::plan(&env, &node).map(plan_out).map_err(violations_out)
     }
 
-    fn render(plan: w::Plan, installed: Vec<w::InstalledFile>) -> Result<String, Vec<w::Violation>> {
+    fn render(
+        plan: w::Plan,
+        installed: Vec<w::InstalledFile>,
+        runtime_configs: Vec<String>,
+    ) -> Result<Vec<w::DropIn>, Vec<w::Violation>> {
         let plan = plan_in(plan);
         let installed: Vec<t::InstalledFile> =
             installed.into_iter().map(|f| t::InstalledFile { kind: kind_in(f.kind), path: f.path }).collect();
-        crate::render(&plan, &installed).map_err(violations_out)
+        crate::render(&plan, &installed, &runtime_configs)
+            .map(|d| {
+                d.into_iter()
+                    .map(|d| w::DropIn { runtime_config: d.runtime_config, path: d.path, contents: d.contents })
+                    .collect()
+            })
+            .map_err(violations_out)
     }
 }
 
@@ -125,10 +136,10 @@ fn plan_in(p: w::Plan) -> t::Plan {
         source: source_in(p.source),
         provider: provider_in(p.provider),
         version: p.version,
-        runtime_config: p.runtime_config,
+        runtime_configs: p.runtime_configs,
         hypervisor_table: p.hypervisor_table,
         install_dir: p.install_dir,
-        drop_in_path: p.drop_in_path,
+        drop_in_name: p.drop_in_name,
         artifacts: p
             .artifacts
             .into_iter()
@@ -143,10 +154,10 @@ fn plan_out(p: t::Plan) -> w::Plan {
         source: source_out(p.source),
         provider: provider_out(p.provider),
         version: p.version,
-        runtime_config: p.runtime_config,
+        runtime_configs: p.runtime_configs,
         hypervisor_table: p.hypervisor_table,
         install_dir: p.install_dir,
-        drop_in_path: p.drop_in_path,
+        drop_in_name: p.drop_in_name,
         artifacts: p
             .artifacts
             .into_iter()

@@ -14,6 +14,10 @@ use crate::types::*;
 pub(crate) const INSTALL_DIR: &str = "/etc/kata-containers/addons";
 /// File name of the drop-in inside `config.d`.
 pub(crate) const DROP_IN_NAME: &str = "50-kata-addons.toml";
+/// kata-deploy's default installation prefix.
+pub const DEFAULT_KATA_PREFIX: &str = "/opt/kata";
+/// kata-deploy's Go-runtime configuration directory under the prefix.
+const KATA_DEPLOY_DEFAULTS: &str = "share/defaults/kata-containers";
 /// Hypervisor table every provider's drop-in sets keys in.
 pub(crate) const HYPERVISOR_TABLE: &str = "hypervisor.qemu";
 
@@ -80,8 +84,10 @@ struct Config {
 pub(crate) struct ProviderInfo {
     /// Name as written in `provider` / `ADDON_PROVIDER`.
     pub name: &'static str,
-    /// Node path of the runtime's `configuration.toml`.
+    /// Node path of the runtime's `configuration.toml` on OpenShift.
     pub runtime_config: &'static str,
+    /// kata-deploy's Go-runtime shim (`qemu-<tee>`); the runtime-rs shim adds `-runtime-rs`.
+    pub shim: &'static str,
     /// Artifact kinds the provider accepts.
     pub allowed: &'static [ArtifactKind],
 }
@@ -92,16 +98,19 @@ pub(crate) fn provider_info(p: Provider) -> ProviderInfo {
         Provider::Se => ProviderInfo {
             name: "se",
             runtime_config: "/etc/kata-containers/kata-se/configuration.toml",
+            shim: "qemu-se",
             allowed: &[ArtifactKind::Kernel],
         },
         Provider::Tdx => ProviderInfo {
             name: "tdx",
             runtime_config: "/etc/kata-containers/kata-tdx/configuration.toml",
+            shim: "qemu-tdx",
             allowed: &KINDS,
         },
         Provider::Snp => ProviderInfo {
             name: "snp",
             runtime_config: "/etc/kata-containers/kata-snp/configuration.toml",
+            shim: "qemu-snp",
             allowed: &KINDS,
         },
     }
@@ -116,10 +125,28 @@ pub(crate) fn file_name(kind: ArtifactKind) -> &'static str {
     }
 }
 
-/// Node path of the drop-in for a runtime config path.
+/// Node path of the drop-in for a (resolved) runtime config path.
 pub(crate) fn drop_in_path(runtime_config: &str) -> String {
     let dir = runtime_config.rsplit_once('/').map_or("", |(d, _)| d);
     format!("{dir}/config.d/{DROP_IN_NAME}")
+}
+
+/// Every place a runtime configuration of the provider can live, in a fixed order:
+/// OpenShift's file, then for kata-deploy's Go-runtime shim and its runtime-rs shim the
+/// file in the defaults directory (a relative symlink into `runtimes/<shim>/` since
+/// 2026, a plain file sharing one `config.d` before) and the per-shim file itself.
+pub(crate) fn runtime_configs(info: &ProviderInfo, kata_prefix: &str) -> Vec<String> {
+    let prefix = kata_prefix.trim_end_matches('/');
+    let go = format!("{prefix}/{KATA_DEPLOY_DEFAULTS}");
+    let rs = format!("{go}/runtime-rs");
+    let rs_shim = format!("{}-runtime-rs", info.shim);
+    alloc::vec![
+        String::from(info.runtime_config),
+        format!("{go}/configuration-{}.toml", info.shim),
+        format!("{go}/runtimes/{0}/configuration-{0}.toml", info.shim),
+        format!("{rs}/configuration-{rs_shim}.toml"),
+        format!("{rs}/runtimes/{rs_shim}/configuration-{rs_shim}.toml"),
+    ]
 }
 
 fn violation(key: &str, code: Code, message: String) -> Violation {
@@ -361,9 +388,19 @@ pub fn env(data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
     Ok(out)
 }
 
-/// `ADDON_*` env list -> install plan.
-pub fn plan(env: &[KeyValue]) -> Result<Plan, Vec<Violation>> {
-    let c = resolve(env, Naming::Env)?;
+/// `ADDON_*` env list + node facts -> install plan.
+pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>> {
+    let prefix_ok = check_path(&node.kata_prefix)
+        .map_err(|e| violation("--kata-prefix", Code::InvalidPath, format!("kata-deploy prefix: {e}")));
+    let c = match (resolve(env, Naming::Env), prefix_ok) {
+        (Ok(c), Ok(())) => c,
+        (Err(mut errs), Err(p)) => {
+            errs.push(p);
+            return Err(errs);
+        }
+        (Err(errs), Ok(())) => return Err(errs),
+        (Ok(_), Err(p)) => return Err(alloc::vec![p]),
+    };
     let info = provider_info(c.provider);
     let mut artifacts = Vec::new();
     for (a, (p, h)) in c.paths.into_iter().zip(c.shas).enumerate() {
@@ -381,10 +418,10 @@ pub fn plan(env: &[KeyValue]) -> Result<Plan, Vec<Violation>> {
         source: c.source,
         provider: c.provider,
         version: c.version,
-        runtime_config: String::from(info.runtime_config),
+        runtime_configs: runtime_configs(&info, &node.kata_prefix),
         hypervisor_table: String::from(HYPERVISOR_TABLE),
         install_dir: String::from(INSTALL_DIR),
-        drop_in_path: drop_in_path(info.runtime_config),
+        drop_in_name: String::from(DROP_IN_NAME),
         artifacts,
     })
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
 use crate::checks::{check_path, show};
-use crate::policy::{HYPERVISOR_TABLE, drop_in_path, file_name, provider_info};
+use crate::policy::{DROP_IN_NAME, HYPERVISOR_TABLE, drop_in_path, file_name, provider_info};
 use crate::types::*;
 
 /// First line of every drop-in. Constant: no value is ever formatted into a comment.
@@ -58,11 +58,13 @@ fn check_plan(plan: &Plan, errs: &mut Vec<Violation>) {
             format!("hypervisor table {} is not `{HYPERVISOR_TABLE}`", show(&plan.hypervisor_table)),
         ));
     }
-    if plan.runtime_config != info.runtime_config || plan.drop_in_path != drop_in_path(info.runtime_config) {
+    if plan.runtime_configs.first().map(String::as_str) != Some(info.runtime_config)
+        || plan.drop_in_name != DROP_IN_NAME
+    {
         errs.push(violation(
             "plan",
             Code::Inconsistent,
-            format!("runtime config or drop-in path does not belong to provider `{}`", info.name),
+            format!("runtime configs or drop-in name do not belong to provider `{}`", info.name),
         ));
     }
     if let Err(e) = check_path(&plan.install_dir) {
@@ -96,10 +98,44 @@ fn check_plan(plan: &Plan, errs: &mut Vec<Violation>) {
     }
 }
 
-/// Plan + installed node paths -> drop-in TOML text.
-pub fn render(plan: &Plan, installed: &[InstalledFile]) -> Result<String, Vec<Violation>> {
+/// Checks the resolved runtime configurations the runner found: clean node paths of
+/// `configuration*.toml` files, at least one, each directory (and so `config.d`) once.
+fn check_runtime_configs(found: &[String], errs: &mut Vec<Violation>) {
+    if found.is_empty() {
+        errs.push(violation("runtime-configs", Code::Missing, String::from("no runtime configuration was given")));
+    }
+    for (i, rc) in found.iter().enumerate() {
+        if let Err(e) = check_path(rc) {
+            errs.push(violation("runtime-configs", Code::InvalidPath, e));
+            continue;
+        }
+        let name = rc.rsplit('/').next().unwrap_or("");
+        if !(name.starts_with("configuration") && name.ends_with(".toml")) {
+            errs.push(violation(
+                "runtime-configs",
+                Code::InvalidPath,
+                format!("{} is not a Kata `configuration*.toml` file", show(rc)),
+            ));
+        }
+        if found[..i].iter().any(|o| drop_in_path(o) == drop_in_path(rc)) {
+            errs.push(violation(
+                "runtime-configs",
+                Code::Conflict,
+                format!("{} shares its directory (and `config.d`) with another runtime configuration", show(rc)),
+            ));
+        }
+    }
+}
+
+/// Plan + installed node paths + resolved runtime configurations -> one drop-in each.
+pub fn render(
+    plan: &Plan,
+    installed: &[InstalledFile],
+    runtime_configs: &[String],
+) -> Result<Vec<DropIn>, Vec<Violation>> {
     let mut errs = Vec::new();
     check_plan(plan, &mut errs);
+    check_runtime_configs(runtime_configs, &mut errs);
     let prefix = format!("{}/", plan.install_dir);
     let mut paths: [Option<&str>; 3] = [None, None, None];
     let mut version_dir: Option<&str> = None;
@@ -169,5 +205,9 @@ pub fn render(plan: &Plan, installed: &[InstalledFile]) -> Result<String, Vec<Vi
     let body = toml::to_string(&Nested { path: &table, leaf: &keys }).map_err(|e| {
         alloc::vec![violation("plan", Code::Inconsistent, format!("cannot serialise the drop-in: {e}"))]
     })?;
-    Ok(format!("{HEADER}{body}"))
+    let contents = format!("{HEADER}{body}");
+    Ok(runtime_configs
+        .iter()
+        .map(|rc| DropIn { runtime_config: rc.clone(), path: drop_in_path(rc), contents: contents.clone() })
+        .collect())
 }

@@ -38,6 +38,20 @@ fn image_ok(image: &str) -> String {
     e[0].1.clone()
 }
 
+/// `plan` with the default node options (kata-deploy prefix `/opt/kata`).
+fn plan(env: &[KeyValue]) -> Result<Plan, Vec<Violation>> {
+    crate::plan(env, &NodeOptions::default())
+}
+
+/// `render` for the plan's first candidate (the OpenShift file) only: its one drop-in's text.
+fn render(p: &Plan, installed: &[InstalledFile]) -> Result<String, Vec<Violation>> {
+    let first: Vec<String> = p.runtime_configs.iter().take(1).cloned().collect();
+    crate::render(p, installed, &first).map(|d| {
+        assert_eq!(d.len(), 1, "one drop-in per runtime config");
+        d.into_iter().map(|d| d.contents).collect()
+    })
+}
+
 fn plan_ok(pairs: &[(&str, &str)]) -> Plan {
     match plan(&kv(pairs)) {
         Ok(p) => p,
@@ -319,10 +333,22 @@ fn providers() {
     ] {
         let p = plan_ok(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", name), ("ADDON_KERNEL_PATH", "/k")]);
         assert_eq!(p.provider, prov);
-        assert_eq!(p.runtime_config, cfg);
+        let d = "/opt/kata/share/defaults/kata-containers";
+        assert_eq!(
+            p.runtime_configs,
+            [
+                cfg.into(),
+                alloc::format!("{d}/configuration-qemu-{name}.toml"),
+                alloc::format!("{d}/runtimes/qemu-{name}/configuration-qemu-{name}.toml"),
+                alloc::format!("{d}/runtime-rs/configuration-qemu-{name}-runtime-rs.toml"),
+                alloc::format!(
+                    "{d}/runtime-rs/runtimes/qemu-{name}-runtime-rs/configuration-qemu-{name}-runtime-rs.toml"
+                ),
+            ] as [String; 5]
+        );
         assert_eq!(p.hypervisor_table, "hypervisor.qemu");
         assert_eq!(p.install_dir, "/etc/kata-containers/addons");
-        assert_eq!(p.drop_in_path, alloc::format!("/etc/kata-containers/kata-{name}/config.d/50-kata-addons.toml"));
+        assert_eq!(p.drop_in_name, "50-kata-addons.toml");
     }
     for bad in ["SE", "sev", "qemu"] {
         let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("provider", bad)]);
@@ -524,8 +550,14 @@ fn render_rejects_inconsistent_plan() {
     p.hypervisor_table = "hypervisor.clh".into();
     assert_eq!(codes(&render(&p, &k).expect_err("table")), [("plan", Code::Inconsistent)]);
     let mut p = good.clone();
-    p.drop_in_path = "/etc/passwd".into();
+    p.drop_in_name = "../passwd".into();
     assert_eq!(codes(&render(&p, &k).expect_err("drop-in")), [("plan", Code::Inconsistent)]);
+    let mut p = good.clone();
+    p.runtime_configs[0] = "/etc/kata-containers/kata-tdx/configuration.toml".into();
+    assert!(
+        codes(&crate::render(&p, &k, &["/etc/kata-containers/kata-se/configuration.toml".into()]).expect_err("rc"))
+            .contains(&("plan", Code::Inconsistent))
+    );
     let mut p = good.clone();
     p.install_dir = "relative".into();
     assert!(codes(&render(&p, &k).expect_err("dir")).contains(&("plan", Code::InvalidPath)));
@@ -666,4 +698,48 @@ fn junk_never_panics() {
         let _ = render(&p, &installed);
     }
     assert!(plans > 0 || cfg!(miri));
+}
+
+#[test]
+fn kata_prefix_moves_the_kata_deploy_candidates() {
+    let e = kv(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", "tdx"), ("ADDON_KERNEL_PATH", "/k")]);
+    let p = crate::plan(&e, &NodeOptions { kata_prefix: "/usr/local/kata".into() }).expect("plan");
+    assert_eq!(p.runtime_configs[0], "/etc/kata-containers/kata-tdx/configuration.toml");
+    assert!(p.runtime_configs[1..].iter().all(|c| c.starts_with("/usr/local/kata/share/defaults/kata-containers/")));
+    for bad in ["relative", "/a/../b", ""] {
+        let v = crate::plan(&e, &NodeOptions { kata_prefix: bad.into() }).expect_err("bad prefix");
+        assert_eq!(codes(&v), [("--kata-prefix", Code::InvalidPath)], "{bad}");
+    }
+    // Bad env and bad prefix are reported together.
+    let v = crate::plan(&kv(&[("ADDON_IMAGE", IMG)]), &NodeOptions { kata_prefix: "x".into() }).expect_err("both");
+    assert!(codes(&v).contains(&("--kata-prefix", Code::InvalidPath)) && v.len() >= 2, "{v:?}");
+}
+
+#[test]
+fn render_one_drop_in_per_runtime_config() {
+    let p = base_plan("tdx", &[("ADDON_KERNEL_PATH", "/k")]);
+    let k = [inst(ArtifactKind::Kernel, &alloc::format!("{D}/kernel"))];
+    let go = "/opt/kata/share/defaults/kata-containers/runtimes/qemu-tdx/configuration-qemu-tdx.toml";
+    let rs = "/opt/kata/share/defaults/kata-containers/runtime-rs/runtimes/qemu-tdx-runtime-rs/configuration-qemu-tdx-runtime-rs.toml";
+    let out = crate::render(&p, &k, &[go.into(), rs.into()]).expect("render");
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0].runtime_config, go);
+    assert_eq!(out[0].path, "/opt/kata/share/defaults/kata-containers/runtimes/qemu-tdx/config.d/50-kata-addons.toml");
+    assert_eq!(
+        out[1].path,
+        "/opt/kata/share/defaults/kata-containers/runtime-rs/runtimes/qemu-tdx-runtime-rs/config.d/50-kata-addons.toml"
+    );
+    assert_eq!(out[0].contents, out[1].contents);
+    // Nothing found, not a configuration file, two in one directory, unclean path.
+    assert_eq!(codes(&crate::render(&p, &k, &[]).expect_err("none")), [("runtime-configs", Code::Missing)]);
+    assert_eq!(
+        codes(&crate::render(&p, &k, &["/etc/passwd".into()]).expect_err("name")),
+        [("runtime-configs", Code::InvalidPath)]
+    );
+    let shared = ["/d/configuration-a.toml".into(), "/d/configuration-b.toml".into()];
+    assert_eq!(codes(&crate::render(&p, &k, &shared).expect_err("shared")), [("runtime-configs", Code::Conflict)]);
+    assert_eq!(
+        codes(&crate::render(&p, &k, &["/d/../configuration.toml".into()]).expect_err("unclean")),
+        [("runtime-configs", Code::InvalidPath)]
+    );
 }

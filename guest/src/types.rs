@@ -132,14 +132,14 @@ pub struct Plan {
     pub provider: Provider,
     /// The addon's version label.
     pub version: String,
-    /// Node path of the provider's `configuration.toml`.
-    pub runtime_config: String,
+    /// Candidate node paths of the provider's runtime configurations, in a fixed order.
+    pub runtime_configs: Vec<String>,
     /// Dotted TOML table the drop-in sets keys in.
     pub hypervisor_table: String,
     /// Node directory under which version directories are created.
     pub install_dir: String,
-    /// Node path of the drop-in.
-    pub drop_in_path: String,
+    /// File name of the drop-in inside each runtime configuration's `config.d`.
+    pub drop_in_name: String,
     /// Files to fetch, in order kernel, initrd, image.
     pub artifacts: Vec<Artifact>,
 }
@@ -151,4 +151,28 @@ pub struct InstalledFile {
     pub kind: ArtifactKind,
     /// Absolute node path.
     pub path: String,
+}
+
+/// Facts about the node the runner passes to `plan`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeOptions {
+    /// kata-deploy's installation prefix.
+    pub kata_prefix: String,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions { kata_prefix: String::from(crate::policy::DEFAULT_KATA_PREFIX) }
+    }
+}
+
+/// One drop-in to write, for one runtime configuration found on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DropIn {
+    /// Node path of the resolved `configuration*.toml`.
+    pub runtime_config: String,
+    /// Node path of the drop-in.
+    pub path: String,
+    /// The drop-in TOML text.
+    pub contents: String,
 }

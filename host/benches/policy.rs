@@ -82,11 +82,14 @@ fn calls(c: &mut Criterion) {
     // `plan` and `render` on the seed, when this component accepts it (the placeholder
     // rules do not; the real rules and the test guests do).
     let (Ok(env), Ok(nenv)) = (policy.env(&wit(&seed())), native::env(&plain(&seed()))) else { return g.finish() };
-    if let (Ok(plan), Ok(nplan)) = (policy.plan(&env), native::plan(&nenv)) {
+    let node = native::NodeOptions::default();
+    if let (Ok(plan), Ok(nplan)) = (policy.plan(&env), native::plan(&nenv, &node)) {
         g.bench_function("wasm plan (seed): instantiate + call", |b| {
             b.iter(|| black_box(policy.plan(black_box(&env))))
         });
-        g.bench_function("native plan (seed)", |b| b.iter(|| black_box(native::plan(black_box(&nenv)))));
+        g.bench_function("native plan (seed)", |b| b.iter(|| black_box(native::plan(black_box(&nenv), &node))));
+        // One runtime configuration, as on an OpenShift node.
+        let rcs: Vec<String> = plan.runtime_configs.iter().take(1).cloned().collect();
         let installed = kata_addons::layout::installed_files(&plan, "v1.0-0123456789ab");
         let ninstalled: Vec<native::InstalledFile> = nplan
             .artifacts
@@ -97,10 +100,10 @@ fn calls(c: &mut Criterion) {
             })
             .collect();
         g.bench_function("wasm render (seed): instantiate + call", |b| {
-            b.iter(|| black_box(policy.render(black_box(&plan), black_box(&installed))))
+            b.iter(|| black_box(policy.render(black_box(&plan), black_box(&installed), &rcs)))
         });
         g.bench_function("native render (seed)", |b| {
-            b.iter(|| black_box(native::render(black_box(&nplan), black_box(&ninstalled))))
+            b.iter(|| black_box(native::render(black_box(&nplan), black_box(&ninstalled), &rcs)))
         });
     }
     g.finish();

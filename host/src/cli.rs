@@ -138,6 +138,30 @@ pub struct NodeArgs {
     pub lock_timeout: u64,
 }
 
+/// Which Kata runtime configurations get the drop-in (DESIGN §6, issue 11).
+#[derive(Debug, Clone, Args)]
+pub struct LayoutArgs {
+    /// kata-deploy's installation prefix on the node.
+    #[arg(long, value_name = "DIR", default_value = crate::policy::DEFAULT_KATA_PREFIX)]
+    pub kata_prefix: String,
+    /// Install only for this runtime configuration (node path; repeatable).
+    #[arg(long = "runtime-config", value_name = "PATH")]
+    pub runtime_configs: Vec<String>,
+    /// Also write into a config.d that other configuration*.toml files read.
+    #[arg(long)]
+    pub allow_shared_config_d: bool,
+}
+
+impl Default for LayoutArgs {
+    fn default() -> Self {
+        LayoutArgs {
+            kata_prefix: crate::policy::DEFAULT_KATA_PREFIX.to_string(),
+            runtime_configs: Vec::new(),
+            allow_shared_config_d: false,
+        }
+    }
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -149,6 +173,12 @@ pub enum Command {
         /// Output format.
         #[arg(long, short, value_enum, default_value_t = PreviewFormat::Text)]
         output: PreviewFormat,
+        /// Node root to look for runtime configurations in (read only).
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        root: PathBuf,
+        /// Runtime configuration selection.
+        #[command(flatten)]
+        layout: LayoutArgs,
     },
     /// Pull an image and extract the named in-image paths into a directory.
     Fetch {
@@ -179,6 +209,9 @@ pub enum Command {
         /// Node location.
         #[command(flatten)]
         node: NodeArgs,
+        /// Runtime configuration selection.
+        #[command(flatten)]
+        layout: LayoutArgs,
     },
     /// Remove exactly what the state records.
     Uninstall {
@@ -215,6 +248,12 @@ pub enum Command {
         /// How often to check a `--configmap-dir` for changes, in seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
         poll_interval: f64,
+        /// Runtime configuration selection.
+        #[command(flatten)]
+        layout: LayoutArgs,
+        /// Re-verify and repair the node this often, in seconds (with jitter; 0 = never).
+        #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+        resync: f64,
         /// Wait a random time up to this many seconds before the first install, so that a
         /// rollout does not reach the registry from every node in one instant (0: no wait).
         #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]

@@ -1,15 +1,18 @@
 //! `kata-addons daemon`: the DaemonSet entry point. Performs the action, writes a
 //! readiness marker, then waits for SIGTERM/SIGINT (exit 0, install kept). With
 //! `--configmap-dir` it re-reconciles when the mounted ConfigMap changes; an invalid
-//! change is logged and the node keeps the last good addon.
+//! change is logged and the node keeps the last good addon. After an install it also
+//! re-verifies the node every `--resync` seconds (with jitter) and whenever a watched
+//! runtime configuration directory changes, and repairs drift from the state.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::{Action, ConfigArgs, NodeArgs};
+use crate::cli::{Action, ConfigArgs, LayoutArgs, NodeArgs};
 use crate::configmap::Input;
 use crate::install::{self, Outcome, Removed};
 use crate::policy::Policy;
@@ -30,6 +33,10 @@ pub struct Daemon {
     pub ready_file: PathBuf,
     /// How often to look at `--configmap-dir`.
     pub poll_interval: Duration,
+    /// Runtime configuration selection.
+    pub layout: LayoutArgs,
+    /// How often to re-verify and repair the node; `None` = never.
+    pub resync: Option<Duration>,
     /// Longest random wait before the first install (`--start-jitter`).
     pub start_jitter: Duration,
 }
@@ -76,10 +83,36 @@ impl Daemon {
         let watch = self.action == Action::Install && self.config.configmap_dir.is_some();
         let mut tick = tokio::time::interval(self.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Drift repair: periodic resync plus change notification on the runtime dirs.
+        let repairing = self.action == Action::Install;
+        let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let mut dirs = DirWatch::new(changed_tx, self.poll_interval);
+        if repairing && let Some(input) = &applied {
+            dirs.update(self.watch_dirs(policy, input));
+        }
+        let resync_sleep = tokio::time::sleep(self.next_resync().unwrap_or(Duration::MAX / 4));
+        tokio::pin!(resync_sleep);
         loop {
             tokio::select! {
                 _ = term.recv() => { tracing::info!("SIGTERM: exiting, install kept"); break; }
                 _ = int.recv() => { tracing::info!("SIGINT: exiting, install kept"); break; }
+                _ = &mut resync_sleep, if repairing && self.resync.is_some() => {
+                    if let Some(input) = &applied {
+                        self.repair(policy, input, "periodic resync").await;
+                        dirs.update(self.watch_dirs(policy, input));
+                    }
+                    let next = self.next_resync().unwrap_or(Duration::MAX / 4);
+                    resync_sleep.as_mut().reset(tokio::time::Instant::now() + next);
+                }
+                Some(()) = changed.recv(), if repairing => {
+                    // Let a burst of changes (kata-deploy rewriting its fragments) settle.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    while changed.try_recv().is_ok() {}
+                    if let Some(input) = &applied {
+                        self.repair(policy, input, "runtime configuration directory changed").await;
+                        dirs.update(self.watch_dirs(policy, input));
+                    }
+                }
                 _ = tick.tick(), if watch => {
                     let input = match Input::load(&self.config) {
                         Ok(i) => i,
@@ -106,13 +139,129 @@ impl Daemon {
         Ok(())
     }
 
+    /// The resync period with ±10 % jitter, so a fleet does not resync in step.
+    fn next_resync(&self) -> Option<Duration> {
+        self.resync.map(|r| r.mul_f64(0.9 + 0.2 * fastrand::f64()))
+    }
+
+    /// Re-verifies the node against the state and repairs drift; never fails the daemon.
+    async fn repair(&self, policy: &Policy, input: &Input, why: &str) {
+        let result = match preview::plan_for(policy, input, &self.layout) {
+            Ok((_, plan)) => install::repair(policy, &plan, &self.registry, &self.node, &self.layout).await,
+            Err(e) => Err(e.into()),
+        };
+        match result {
+            Ok(Outcome::UpToDate(_)) => tracing::debug!(trigger = why, "resync: node matches the state"),
+            Ok(Outcome::Repaired(st, what)) => {
+                tracing::info!(trigger = why, version = %st.version, repairs = what.len(), "resync: drift repaired")
+            }
+            Ok(Outcome::Installed(st)) => {
+                tracing::info!(trigger = why, version = %st.version, digest = %st.manifest_digest, "resync: reinstalled")
+            }
+            Err(e) => tracing::warn!(
+                trigger = why,
+                error = %format!("{e:#}"),
+                "resync: cannot repair now; waiting for the next change or resync"
+            ),
+        }
+    }
+
+    /// Host paths of the directories whose changes can mean drift: each candidate runtime
+    /// configuration's directory and `config.d` (or, while missing, its nearest existing
+    /// ancestor, so a recreated `runtimes/<shim>` is noticed), and those of the recorded
+    /// (resolved) runtime configurations.
+    fn watch_dirs(&self, policy: &Policy, input: &Input) -> BTreeSet<PathBuf> {
+        let mut node_dirs: Vec<String> = Vec::new();
+        if let Ok((_, plan)) = preview::plan_for(policy, input, &self.layout) {
+            node_dirs.extend(plan.runtime_configs.iter().map(|c| parent(c).to_string()));
+        }
+        if let Ok(Some(st)) = install::status(&self.node).map(|s| s.state) {
+            node_dirs.extend(st.drop_ins.iter().map(|d| parent(&d.runtime_config).to_string()));
+        }
+        let mut out = BTreeSet::new();
+        for d in node_dirs {
+            let mut p = self.node.root.join(d.trim_start_matches('/'));
+            if p.is_dir() {
+                let config_d = p.join(crate::runtime::CONFIG_D);
+                if config_d.is_dir() {
+                    out.insert(config_d);
+                }
+                out.insert(p);
+                continue;
+            }
+            while !p.is_dir() && p != self.node.root {
+                if !p.pop() {
+                    break;
+                }
+            }
+            out.insert(p);
+        }
+        out
+    }
+
     async fn install(&self, policy: &Policy, input: &Input) -> Result<()> {
-        let (_, plan) = preview::plan(policy, input)?;
-        match install::install(policy, &plan, &self.registry, &self.node).await? {
+        let (_, plan) = preview::plan_for(policy, input, &self.layout)?;
+        match install::install(policy, &plan, &self.registry, &self.node, &self.layout).await? {
             Outcome::UpToDate(st) => tracing::info!(version = %st.version, "up to date"),
+            Outcome::Repaired(st, _) => tracing::info!(version = %st.version, "repaired"),
             Outcome::Installed(st) => tracing::info!(version = %st.version, digest = %st.manifest_digest, "installed"),
         }
         Ok(())
+    }
+}
+
+/// The directory part of a node path.
+fn parent(p: &str) -> &str {
+    p.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
+/// Change notification on a set of directories (non-recursive): inotify, or polling when
+/// inotify is unavailable. Each relevant event sends one `()`.
+struct DirWatch {
+    watcher: Option<Box<dyn notify::Watcher + Send>>,
+    watched: BTreeSet<PathBuf>,
+}
+
+impl DirWatch {
+    fn new(tx: tokio::sync::mpsc::UnboundedSender<()>, poll: Duration) -> DirWatch {
+        let handler = move |res: notify::Result<notify::Event>| {
+            if let Ok(ev) = res
+                && !matches!(ev.kind, notify::EventKind::Access(_))
+            {
+                let _ = tx.send(());
+            }
+        };
+        let watcher: Option<Box<dyn notify::Watcher + Send>> = match notify::recommended_watcher(handler.clone()) {
+            Ok(w) => Some(Box::new(w)),
+            Err(e) => {
+                tracing::warn!(error = %e, "inotify unavailable; polling the runtime configuration directories");
+                match notify::PollWatcher::new(handler, notify::Config::default().with_poll_interval(poll)) {
+                    Ok(w) => Some(Box::new(w)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch the runtime configuration directories; resync only");
+                        None
+                    }
+                }
+            }
+        };
+        DirWatch { watcher, watched: BTreeSet::new() }
+    }
+
+    /// Watches exactly `dirs` from now on. Everything is re-watched: a directory that was
+    /// removed and recreated (kata-deploy's uninstall + install) has lost its inotify watch.
+    fn update(&mut self, dirs: BTreeSet<PathBuf>) {
+        let Some(w) = self.watcher.as_mut() else { return };
+        for old in std::mem::take(&mut self.watched) {
+            let _ = w.unwatch(&old);
+        }
+        for dir in dirs {
+            match w.watch(&dir, notify::RecursiveMode::NonRecursive) {
+                Ok(()) => {
+                    self.watched.insert(dir);
+                }
+                Err(e) => tracing::debug!(dir = %dir.display(), error = %e, "cannot watch directory"),
+            }
+        }
     }
 }
 

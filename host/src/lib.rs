@@ -14,6 +14,7 @@ pub mod node;
 pub mod policy;
 pub mod preview;
 pub mod progress;
+pub mod runtime;
 pub mod source;
 pub mod state;
 pub mod trust;
@@ -54,10 +55,10 @@ pub fn load_policy(g: &GlobalArgs) -> Result<Policy> {
 pub fn run(cli: Cli) -> Result<ExitCode> {
     let g = cli.global;
     match cli.command {
-        Command::Preview { config, output } => {
+        Command::Preview { config, output, root, layout } => {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
-            let p = preview::compute(&policy, &input)?;
+            let p = preview::compute_on(&policy, &input, &root, &layout)?;
             let stdout = std::io::stdout();
             preview::print(&p, output, &mut stdout.lock())?;
             Ok(ExitCode::SUCCESS)
@@ -75,15 +76,21 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             runtime()?.block_on(fetch::run_fetch(&image, &paths, &dest, &registry, &root))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Install { config, registry, node } => {
+        Command::Install { config, registry, node, layout } => {
             let input = configmap::Input::load(&config)?;
             let policy = load_policy(&g)?;
-            let (_, plan) = preview::plan(&policy, &input)?;
+            let (_, plan) = preview::plan_for(&policy, &input, &layout)?;
             let mut opts = source::RegistryOptions::from_args(&registry, &node.root)?;
             opts.trust.root = Some(node.root.clone());
-            match runtime()?.block_on(install::install(&policy, &plan, &opts, &node))? {
+            match runtime()?.block_on(install::install(&policy, &plan, &opts, &node, &layout))? {
                 install::Outcome::UpToDate(st) => {
                     println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest)
+                }
+                install::Outcome::Repaired(st, what) => {
+                    println!("repaired: {} {} ({})", st.image, st.version, st.manifest_digest);
+                    for w in &what {
+                        println!("  {w}");
+                    }
                 }
                 install::Outcome::Installed(st) => {
                     println!("installed {} {} ({})", st.image, st.version, st.manifest_digest);
@@ -131,6 +138,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         if let Some(t) = &s.trust {
                             println!("  trust   {}", t.summary());
                         }
+                        for e in &st.effective {
+                            println!("  effective [{}] of {}:", e.table, e.runtime_config);
+                            for (k, v) in [("kernel", &e.kernel), ("initrd", &e.initrd), ("image", &e.image)] {
+                                match v {
+                                    Some(v) => println!("    {k:<6} = {:?}  (from {})", v.value, v.from),
+                                    None => println!("    {k:<6}   (not set)"),
+                                }
+                            }
+                        }
                         if st.problems.is_empty() {
                             println!("healthy: every file and the drop-in match the state");
                         } else {
@@ -149,12 +165,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             runtime()?.block_on(webhook::serve(&args, policy))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter } => {
+        Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter, layout, resync } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
                 bail!("--poll-interval must be at least 0.1 seconds");
             }
             if !(start_jitter.is_finite() && (0.0..=3600.0).contains(&start_jitter)) {
                 bail!("--start-jitter must be between 0 and 3600 seconds, got {start_jitter}");
+            }
+            if !(resync.is_finite() && (resync == 0.0 || (0.1..=86400.0).contains(&resync))) {
+                bail!("--resync must be 0 (never) or between 0.1 and 86400 seconds");
             }
             let policy = load_policy(&g)?;
             let d = daemon::Daemon {
@@ -169,6 +188,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 ready_file,
                 poll_interval: Duration::from_secs_f64(poll_interval),
                 start_jitter: Duration::from_secs_f64(start_jitter),
+                layout,
+                resync: (resync > 0.0).then(|| Duration::from_secs_f64(resync)),
             };
             runtime()?.block_on(d.run(&policy))?;
             Ok(ExitCode::SUCCESS)

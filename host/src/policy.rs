@@ -26,9 +26,14 @@ mod bindings {
 }
 
 pub use bindings::{
-    Artifact, ArtifactKind, ImageSource, InstalledFile, KeyValue, LayoutRef, Plan, Provider, RegistryRef, Violation,
-    ViolationCode,
+    Artifact, ArtifactKind, DropIn, ImageSource, InstalledFile, KeyValue, LayoutRef, NodeOptions, Plan, Provider,
+    RegistryRef, Violation, ViolationCode,
 };
+
+/// kata-deploy's default installation prefix (`--kata-prefix`).
+pub const DEFAULT_KATA_PREFIX: &str = "/opt/kata";
+/// Most runtime configurations a plan may name.
+const MAX_RUNTIME_CONFIGS: usize = 32;
 
 /// How often the epoch ticker advances the engine's epoch.
 const TICK: Duration = Duration::from_millis(5);
@@ -349,23 +354,32 @@ impl Policy {
         Ok(env)
     }
 
-    /// `ADDON_*` env -> install plan.
+    /// `ADDON_*` env -> install plan, for kata-deploy's default prefix.
     pub fn plan(&self, env: &[KeyValue]) -> Result<Plan, PolicyError> {
-        let out = self.call("plan", |p, s| p.call_plan(s, env))?;
+        self.plan_for(env, &NodeOptions { kata_prefix: DEFAULT_KATA_PREFIX.to_string() })
+    }
+
+    /// `ADDON_*` env + node facts (`--kata-prefix`) -> install plan.
+    pub fn plan_for(&self, env: &[KeyValue], node: &NodeOptions) -> Result<Plan, PolicyError> {
+        let out = self.call("plan", |p, s| p.call_plan(s, env, node))?;
         let plan = out.map_err(|v| self.rejected("plan", v))?;
         check_plan(&plan)?;
         Ok(plan)
     }
 
-    /// Plan + installed node paths -> drop-in TOML text.
-    pub fn render(&self, plan: &Plan, installed: &[InstalledFile]) -> Result<String, PolicyError> {
-        let out = self.call("render", |p, s| p.call_render(s, plan, installed))?;
-        let text = out.map_err(|v| self.rejected("render", v))?;
-        if text.len() > MAX_DROP_IN {
-            return Err(bad("render", format!("drop-in is {} bytes, more than {MAX_DROP_IN}", text.len())));
-        }
-        toml::from_str::<toml::Table>(&text).map_err(|e| bad("render", format!("drop-in is not valid TOML: {e}")))?;
-        Ok(text)
+    /// Plan + installed node paths + resolved runtime configurations found on the node
+    /// -> one drop-in per runtime configuration, each checked to sit directly in the
+    /// `config.d` beside its configuration.
+    pub fn render(
+        &self,
+        plan: &Plan,
+        installed: &[InstalledFile],
+        runtime_configs: &[String],
+    ) -> Result<Vec<DropIn>, PolicyError> {
+        let out = self.call("render", |p, s| p.call_render(s, plan, installed, runtime_configs))?;
+        let drop_ins = out.map_err(|v| self.rejected("render", v))?;
+        check_drop_ins(plan, runtime_configs, &drop_ins)?;
+        Ok(drop_ins)
     }
 
     fn rejected(&self, func: &'static str, v: Vec<Violation>) -> PolicyError {
@@ -633,10 +647,9 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
     for (what, s) in [
         ("image", &plan.image),
         ("version", &plan.version),
-        ("runtime-config", &plan.runtime_config),
         ("hypervisor-table", &plan.hypervisor_table),
         ("install-dir", &plan.install_dir),
-        ("drop-in-path", &plan.drop_in_path),
+        ("drop-in-name", &plan.drop_in_name),
     ] {
         if s.len() > MAX_STRING {
             return Err(bad(f, format!("{what} is longer than {MAX_STRING} bytes")));
@@ -645,25 +658,27 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
     if !is_plain_file_name(&plan.version) {
         return Err(bad(f, format!("version {:?} is not usable as a directory name", prefix(&plan.version))));
     }
-    for (what, p) in [
-        ("runtime-config", &plan.runtime_config),
-        ("install-dir", &plan.install_dir),
-        ("drop-in-path", &plan.drop_in_path),
-    ] {
-        if !is_clean_abs_path(p) {
-            return Err(bad(f, format!("{what} {:?} is not a clean absolute path", prefix(p))));
+    if !is_clean_abs_path(&plan.install_dir) {
+        return Err(bad(f, format!("install-dir {:?} is not a clean absolute path", prefix(&plan.install_dir))));
+    }
+    if plan.runtime_configs.is_empty() || plan.runtime_configs.len() > MAX_RUNTIME_CONFIGS {
+        return Err(bad(
+            f,
+            format!("plan names {} runtime configs; expected 1 to {MAX_RUNTIME_CONFIGS}", plan.runtime_configs.len()),
+        ));
+    }
+    for rc in &plan.runtime_configs {
+        if !is_clean_abs_path(rc) {
+            return Err(bad(f, format!("runtime config {:?} is not a clean absolute path", prefix(rc))));
+        }
+        // The runner writes beside whatever file a candidate names: only Kata files qualify.
+        let name = rc.rsplit('/').next().unwrap_or("");
+        if !(name.starts_with("configuration") && name.ends_with(".toml")) {
+            return Err(bad(f, format!("runtime config {:?} is not a Kata configuration*.toml", prefix(rc))));
         }
     }
-    let config_dir = parent(&plan.runtime_config);
-    let drop_dir = format!("{config_dir}/config.d/");
-    match plan.drop_in_path.strip_prefix(&drop_dir) {
-        Some(name) if is_plain_file_name(name) => {}
-        _ => {
-            return Err(bad(
-                f,
-                format!("drop-in path {:?} is not a file directly inside {drop_dir}", prefix(&plan.drop_in_path)),
-            ));
-        }
+    if !is_plain_file_name(&plan.drop_in_name) || plan.drop_in_name.starts_with('.') {
+        return Err(bad(f, format!("drop-in name {:?} is not a plain file name", prefix(&plan.drop_in_name))));
     }
     if plan
         .hypervisor_table
@@ -694,6 +709,33 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
         {
             return Err(bad(f, format!("artifact sha256 {:?} is not 64 lowercase hex", prefix(s))));
         }
+    }
+    Ok(())
+}
+
+/// The host's own check of `render`'s answer: exactly one drop-in per runtime config, in
+/// order, each directly inside the `config.d` beside it and named as the plan says, with
+/// bounded, valid TOML text.
+fn check_drop_ins(plan: &Plan, runtime_configs: &[String], drop_ins: &[DropIn]) -> Result<(), PolicyError> {
+    let f = "render";
+    if drop_ins.len() != runtime_configs.len() {
+        return Err(bad(
+            f,
+            format!("returned {} drop-ins for {} runtime configs", drop_ins.len(), runtime_configs.len()),
+        ));
+    }
+    for (d, rc) in drop_ins.iter().zip(runtime_configs) {
+        if &d.runtime_config != rc {
+            return Err(bad(f, format!("drop-in for {:?} answers {:?}", prefix(rc), prefix(&d.runtime_config))));
+        }
+        let want = format!("{}/config.d/{}", parent(rc), plan.drop_in_name);
+        if d.path != want {
+            return Err(bad(f, format!("drop-in path {:?} is not {want}", prefix(&d.path))));
+        }
+        if d.contents.len() > MAX_DROP_IN {
+            return Err(bad(f, format!("drop-in is {} bytes, more than {MAX_DROP_IN}", d.contents.len())));
+        }
+        toml::from_str::<toml::Table>(&d.contents).map_err(|e| bad(f, format!("drop-in is not valid TOML: {e}")))?;
     }
     Ok(())
 }

@@ -6,10 +6,13 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::cli::PreviewFormat;
+use crate::cli::{LayoutArgs, PreviewFormat};
 use crate::configmap::Input;
 use crate::layout;
-use crate::policy::{ArtifactKind, ImageSource, InstalledFile, KeyValue, Plan, Policy, PolicyError, Provider};
+use crate::node::Root;
+use crate::policy::{
+    ArtifactKind, DropIn, ImageSource, InstalledFile, KeyValue, NodeOptions, Plan, Policy, PolicyError, Provider,
+};
 
 /// What `install` would do, computed without network or writes.
 #[derive(Debug, Clone)]
@@ -20,30 +23,56 @@ pub struct Preview {
     pub plan: Plan,
     /// Node paths the artifacts would be installed at.
     pub installed: Vec<InstalledFile>,
-    /// Node path of the drop-in.
-    pub drop_in_path: String,
-    /// Drop-in text.
-    pub drop_in: String,
+    /// The drop-ins, one per runtime configuration found under the root.
+    pub drop_ins: Vec<DropIn>,
+    /// Why the drop-ins are not for configurations found on the node, if they are not.
+    pub note: Option<String>,
 }
 
-/// Runs the policy on the configuration: ConfigMap -> env (`env`) -> plan (`plan`).
-/// `ADDON_*` environment input goes straight to `plan`.
+/// Runs the policy on the configuration: ConfigMap -> env (`env`) -> plan (`plan`), for
+/// kata-deploy's default prefix. `ADDON_*` environment input goes straight to `plan`.
 pub fn plan(policy: &Policy, input: &Input) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
+    plan_for(policy, input, &LayoutArgs::default())
+}
+
+/// [`plan`] with the node's layout options (`--kata-prefix`).
+pub fn plan_for(policy: &Policy, input: &Input, layout: &LayoutArgs) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
     let env = match input {
         Input::ConfigMap { data, .. } => policy.env(data)?,
         Input::Env(env) => env.clone(),
     };
-    let plan = policy.plan(&env)?;
+    let plan = policy.plan_for(&env, &NodeOptions { kata_prefix: layout.kata_prefix.clone() })?;
     Ok((env, plan))
 }
 
-/// Runs `env` (for ConfigMap input), `plan` and `render`.
+/// Runs `env` (for ConfigMap input), `plan` and `render` without looking at any node:
+/// the drop-in is shown for the plan's first candidate (OpenShift's path).
 pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
     let (env, plan) = plan(policy, input)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = layout::installed_files(&plan, &dir);
-    let drop_in = policy.render(&plan, &installed)?;
-    Ok(Preview { env, drop_in_path: plan.drop_in_path.clone(), plan, installed, drop_in })
+    let first: Vec<String> = plan.runtime_configs.iter().take(1).cloned().collect();
+    let drop_ins = policy.render(&plan, &installed, &first)?;
+    Ok(Preview { env, plan, installed, drop_ins, note: None })
+}
+
+/// Like [`compute`], for the runtime configurations found under `root` (read only); when
+/// none is usable, for the plan's first candidate, with a note saying so.
+pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, layout_args: &LayoutArgs) -> Result<Preview> {
+    let (env, plan) = plan_for(policy, input, layout_args)?;
+    let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
+    let installed = layout::installed_files(&plan, &dir);
+    let found = Root::open(root)
+        .and_then(|r| crate::runtime::discover(&r, &plan.runtime_configs, &crate::install::selection(layout_args)));
+    let (configs, note) = match found {
+        Ok(found) => (found.into_iter().map(|rc| rc.resolved).collect::<Vec<_>>(), None),
+        Err(e) => (
+            plan.runtime_configs.iter().take(1).cloned().collect(),
+            Some(format!("{e:#}; showing the drop-in for {}", plan.runtime_configs.first().map_or("", String::as_str))),
+        ),
+    };
+    let drop_ins = policy.render(&plan, &installed, &configs)?;
+    Ok(Preview { env, plan, installed, drop_ins, note })
 }
 
 /// WIT name of an artifact kind.
@@ -77,10 +106,10 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "source": source,
         "provider": provider_name(plan.provider),
         "version": plan.version,
-        "runtimeConfig": plan.runtime_config,
+        "runtimeConfigs": plan.runtime_configs,
         "hypervisorTable": plan.hypervisor_table,
         "installDir": plan.install_dir,
-        "dropInPath": plan.drop_in_path,
+        "dropInName": plan.drop_in_name,
         "artifacts": artifacts_json(plan),
     })
 }
@@ -116,7 +145,10 @@ pub fn print(p: &Preview, format: PreviewFormat, out: &mut dyn Write) -> Result<
             let doc = json!({
                 "env": env_json(&p.env),
                 "artifacts": artifacts_json(&p.plan),
-                "dropIns": [{ "path": p.drop_in_path, "contents": p.drop_in }],
+                "dropIns": p.drop_ins.iter().map(|d| json!({
+                    "runtimeConfig": d.runtime_config, "path": d.path, "contents": d.contents,
+                })).collect::<Vec<_>>(),
+                "note": p.note,
                 "plan": plan_json(&p.plan),
             });
             serde_json::to_writer_pretty(&mut *out, &doc).context("writing JSON")?;
@@ -141,7 +173,7 @@ pub fn print(p: &Preview, format: PreviewFormat, out: &mut dyn Write) -> Result<
             }
             writeln!(out, "\nPlan:")?;
             writeln!(out, "  image:    {}", p.plan.image)?;
-            writeln!(out, "  provider: {} ({})", provider_name(p.plan.provider), p.plan.runtime_config)?;
+            writeln!(out, "  provider: {}", provider_name(p.plan.provider))?;
             writeln!(out, "  version:  {}", p.plan.version)?;
             for (a, f) in p.plan.artifacts.iter().zip(&p.installed) {
                 writeln!(out, "  {:<7} {} -> {}", kind_name(a.kind), a.source, f.path)?;
@@ -149,9 +181,14 @@ pub fn print(p: &Preview, format: PreviewFormat, out: &mut dyn Write) -> Result<
                     writeln!(out, "          sha256 {s}")?;
                 }
             }
-            writeln!(out, "\nDrop-in {}:", p.drop_in_path)?;
-            for line in p.drop_in.lines() {
-                writeln!(out, "  {line}")?;
+            for d in &p.drop_ins {
+                writeln!(out, "\nDrop-in {} (for {}):", d.path, d.runtime_config)?;
+                for line in d.contents.lines() {
+                    writeln!(out, "  {line}")?;
+                }
+            }
+            if let Some(n) = &p.note {
+                writeln!(out, "\n({n})")?;
             }
             if layout::pinned_digest(&p.plan).is_none() {
                 writeln!(

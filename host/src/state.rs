@@ -88,8 +88,10 @@ pub fn read(dir: &Dir) -> Result<Option<State>> {
 
 /// Parses a state record, migrating schema 1 (one `dropIn`) to the current schema.
 pub fn parse(text: &str) -> Result<State> {
-    const CORRUPT: &str =
-        "the state file /etc/kata-containers/addons/state.json is corrupt; inspect it or remove it to start over";
+    const CORRUPT: &str = "the state file /etc/kata-containers/addons/state.json is corrupt; nothing was changed (inspect and repair \
+         it; without it kata-addons does not know what it installed, so removing it leaves \
+         <runtime config dir>/config.d/50-kata-addons.toml and the version directories under \
+         /etc/kata-containers/addons to be removed by hand)";
     #[derive(Deserialize)]
     struct Schema {
         schema: u32,

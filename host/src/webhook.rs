@@ -577,7 +577,8 @@ pub fn preview_warnings(p: &Preview) -> Vec<String> {
         lines.push(format!("kata-addons: {} {} from the image{sha}", preview::kind_name(a.kind), a.source));
     }
     let mut sets = Vec::new();
-    if let Ok(table) = toml::from_str::<toml::Table>(&p.drop_in) {
+    // Every runtime configuration gets the same text: the first one shows what is set.
+    if let Some(Ok(table)) = p.drop_ins.first().map(|d| toml::from_str::<toml::Table>(&d.contents)) {
         toml_assignments("", &table, &mut sets);
     }
     for s in sets {

@@ -177,7 +177,7 @@ fn policy_export_writes_the_embedded_component() {
     assert!(o.status.success(), "stderr: {}", stderr(&o));
     let bytes = std::fs::read(&out).expect("exported");
     assert_eq!(bytes, kata_addons::GUEST_WASM);
-    // The exported file works as `--policy`.
-    let o = run(bin().arg("--policy").arg(&out).args(["preview", "--configmap"]).arg(example()));
+    // The exported file works as `--policy-component`.
+    let o = run(bin().arg("--policy-component").arg(&out).args(["preview", "--configmap"]).arg(example()));
     assert!(o.status.success(), "stderr: {}", stderr(&o));
 }

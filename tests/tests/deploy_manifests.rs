@@ -119,6 +119,10 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
         if p == deploy_dir().join("webhook") {
             continue;
         }
+        // MachineConfig mode (no Kubernetes workload): tests/tests/machineconfig.rs checks it.
+        if p == deploy_dir().join("machineconfig") {
+            continue;
+        }
         if p.is_dir() {
             yaml_files(&p, out);
         } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {

@@ -154,9 +154,13 @@ fn bad_env_output_is_refused_by_the_host() {
 fn bad_plan_output_is_refused_by_the_host() {
     let p = load("badout");
     for (mode, fragment) in [
-        ("dotdot-drop-in", "is not a clean absolute path"),
-        ("outside-drop-in", "is not a file directly inside /etc/kata-containers/kata-tdx/config.d/"),
-        ("nested-drop-in", "is not a file directly inside"),
+        ("dotdot-drop-in", "drop-in name \"..\" is not a plain file name"),
+        ("outside-drop-in", "drop-in name \"../../../../etc/cron.d/x\" is not a plain file name"),
+        ("nested-drop-in", "drop-in name \"sub/50.toml\" is not a plain file name"),
+        ("hidden-drop-in", "drop-in name \".50-kata-addons.toml\" is not a plain file name"),
+        ("foreign-runtime-config", "runtime config \"/etc/shadow\" is not a Kata configuration*.toml"),
+        ("relative-runtime-config", "is not a clean absolute path"),
+        ("no-runtime-config", "plan names 0 runtime configs"),
         ("slash-file-name", "artifact file name \"../../../usr/bin/sudo\" is not a plain file name"),
         ("dotdot-file-name", "artifact file name \"..\" is not a plain file name"),
         ("relative-source", "artifact source \"vmlinuz\" is not a clean absolute path"),
@@ -174,12 +178,22 @@ fn bad_plan_output_is_refused_by_the_host() {
 fn bad_render_output_is_refused_by_the_host() {
     let p = load("badout");
     let mut plan = p.plan(&[kv("ADDON_MODE", "ok")]).unwrap();
+    let rcs = ["/etc/kata-containers/kata-tdx/configuration.toml".to_string(), "/opt/x/configuration-y.toml".into()];
     plan.version = "huge".into();
-    assert_bad_output(p.render(&plan, &[]).unwrap_err(), "render", "more than 65536");
+    assert_bad_output(p.render(&plan, &[], &rcs).unwrap_err(), "render", "more than 65536");
     plan.version = "badtoml".into();
-    assert_bad_output(p.render(&plan, &[]).unwrap_err(), "render", "drop-in is not valid TOML");
+    assert_bad_output(p.render(&plan, &[], &rcs).unwrap_err(), "render", "drop-in is not valid TOML");
+    plan.version = "elsewhere".into();
+    assert_bad_output(
+        p.render(&plan, &[], &rcs).unwrap_err(),
+        "render",
+        "drop-in path \"/etc/cron.d/50-kata-addons.toml\" is not /etc/kata-containers/kata-tdx/config.d/50-kata-addons.toml",
+    );
+    plan.version = "fewer".into();
+    assert_bad_output(p.render(&plan, &[], &rcs).unwrap_err(), "render", "returned 0 drop-ins for 2 runtime configs");
     plan.version = "v1".into();
-    assert!(p.render(&plan, &[]).is_ok());
+    let d = p.render(&plan, &[], &rcs).unwrap();
+    assert_eq!(d[1].path, "/opt/x/config.d/50-kata-addons.toml");
 }
 
 #[test]

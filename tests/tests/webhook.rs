@@ -15,17 +15,8 @@ use kata_addons_tests::guests::guest;
 use kata_addons_tests::tls::TestCa;
 use serde_json::Value;
 
-/// The global flag that selects another policy component (`--policy-component`; named
-/// `--policy` before issue 9's rename), as the CLI defines it.
-fn policy_flag() -> &'static str {
-    use clap::CommandFactory;
-    let cli = kata_addons::cli::Cli::command();
-    if cli.get_arguments().any(|a| a.get_long() == Some("policy-component")) {
-        "--policy-component"
-    } else {
-        "--policy"
-    }
-}
+/// The global flag that selects another policy component.
+const POLICY_FLAG: &str = "--policy-component";
 
 const VALID: &[(&str, &str)] = &[("addonImage", "quay.io/example/addon:v1"), ("kernelPath", "/boot/vmlinuz")];
 
@@ -329,7 +320,7 @@ fn a_4_mib_body_is_refused_without_buffering_it() {
 #[test]
 fn a_looping_policy_is_denied_at_the_deadline() {
     let looping = guest("loop");
-    let f = start(&[policy_flag(), looping.to_str().expect("utf-8"), "--policy-timeout", "0.3"], &[]);
+    let f = start(&[POLICY_FLAG, looping.to_str().expect("utf-8"), "--policy-timeout", "0.3"], &[]);
     let rt = rt();
     let started = Instant::now();
     let cm = configmap(NAME, &[("spin", "yes")]);
@@ -434,7 +425,7 @@ fn plain_copy(dir: &Path, name: &str, src: &Path) -> std::path::PathBuf {
 fn sigterm_finishes_in_flight_requests_and_exits_0() {
     let looping = guest("loop");
     let mut f = start(
-        &[policy_flag(), looping.to_str().expect("utf-8"), "--policy-timeout", "1.5"],
+        &[POLICY_FLAG, looping.to_str().expect("utf-8"), "--policy-timeout", "1.5"],
         &["--concurrency", "2", "--review-timeout", "5"],
     );
     let rt = rt();

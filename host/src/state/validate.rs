@@ -33,8 +33,9 @@ fn refuse(field: &str, value: &str, why: &str) -> anyhow::Error {
     let shown: String = value.chars().take(200).collect();
     anyhow!(
         "the state file {INSTALL_DIR}/state.json is refused: `{field}` = {shown:?} {why}; nothing was changed \
-         (a damaged state: inspect it, or remove it and run `kata-addons uninstall`, which then removes \
-         kata-addons' drop-ins from every known runtime config.d)"
+         (a damaged state: inspect and repair it; without it kata-addons does not know what it installed, so \
+         removing it leaves <runtime config dir>/config.d/{DROP_IN_NAME} and the version directories under \
+         {INSTALL_DIR} to be removed by hand)"
     )
 }
 

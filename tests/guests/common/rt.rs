@@ -45,10 +45,10 @@ fn good_plan(kernel: &str) -> Plan {
         }),
         provider: Provider::Tdx,
         version: "v1".to_string(),
-        runtime_config: "/etc/kata-containers/kata-tdx/configuration.toml".to_string(),
+        runtime_configs: vec!["/etc/kata-containers/kata-tdx/configuration.toml".to_string()],
         hypervisor_table: "hypervisor.qemu".to_string(),
         install_dir: "/etc/kata-containers/addons".to_string(),
-        drop_in_path: "/etc/kata-containers/kata-tdx/config.d/50-kata-addons.toml".to_string(),
+        drop_in_name: "50-kata-addons.toml".to_string(),
         artifacts: vec![Artifact {
             kind: ArtifactKind::Kernel,
             source: kernel.to_string(),
@@ -56,6 +56,19 @@ fn good_plan(kernel: &str) -> Plan {
             sha256: None,
         }],
     }
+}
+
+/// One drop-in with `contents` per runtime config, in `config.d` beside it, named as the plan says.
+#[allow(dead_code)]
+fn drop_ins(plan: &Plan, runtime_configs: &[String], contents: &str) -> Vec<DropIn> {
+    runtime_configs
+        .iter()
+        .map(|rc| DropIn {
+            runtime_config: rc.clone(),
+            path: alloc::format!("{}/config.d/{}", rc.rsplit_once('/').map_or("", |(d, _)| d), plan.drop_in_name),
+            contents: contents.to_string(),
+        })
+        .collect()
 }
 
 #[allow(dead_code)]

@@ -46,7 +46,7 @@ impl Guest for Component {
         }
     }
 
-    fn plan(env: Vec<KeyValue>) -> Result<Plan, Vec<Violation>> {
+    fn plan(env: Vec<KeyValue>, _node: NodeOptions) -> Result<Plan, Vec<Violation>> {
         let (Some(image), Some(kernel)) = (get(&env, "ADDON_IMAGE"), get(&env, "ADDON_KERNEL_PATH")) else {
             return Err(vec![bad(
                 "ADDON_IMAGE",
@@ -77,13 +77,18 @@ impl Guest for Component {
         Ok(p)
     }
 
-    fn render(plan: Plan, installed: Vec<InstalledFile>) -> Result<String, Vec<Violation>> {
+    fn render(
+        plan: Plan,
+        installed: Vec<InstalledFile>,
+        runtime_configs: Vec<String>,
+    ) -> Result<Vec<DropIn>, Vec<Violation>> {
         let Some(kernel) = installed.iter().find(|f| f.kind == ArtifactKind::Kernel) else {
             return Err(vec![bad("installed", ViolationCode::Inconsistent, "no kernel installed")]);
         };
         let Some(path) = toml_string(&kernel.path) else {
             return Err(vec![bad("installed", ViolationCode::InvalidPath, "path not representable")]);
         };
-        Ok(alloc::format!("# written by the alt test policy\n[{}]\nkernel = {path}\n", plan.hypervisor_table))
+        let text = alloc::format!("# written by the alt test policy\n[{}]\nkernel = {path}\n", plan.hypervisor_table);
+        Ok(drop_ins(&plan, &runtime_configs, &text))
     }
 }

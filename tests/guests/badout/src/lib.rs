@@ -22,14 +22,16 @@ impl Guest for Component {
             _ => Ok(vec![kv("ADDON_MODE", "ok")]),
         }
     }
-    fn plan(env: Vec<KeyValue>) -> Result<Plan, Vec<Violation>> {
+    fn plan(env: Vec<KeyValue>, _node: NodeOptions) -> Result<Plan, Vec<Violation>> {
         let mut p = good_plan("/vmlinuz");
         match mode(&env) {
-            "dotdot-drop-in" => {
-                p.drop_in_path = "/etc/kata-containers/kata-tdx/config.d/../../../../etc/cron.d/x".into()
-            }
-            "outside-drop-in" => p.drop_in_path = "/etc/cron.d/50-kata-addons.toml".into(),
-            "nested-drop-in" => p.drop_in_path = "/etc/kata-containers/kata-tdx/config.d/sub/50.toml".into(),
+            "dotdot-drop-in" => p.drop_in_name = "..".into(),
+            "outside-drop-in" => p.drop_in_name = "../../../../etc/cron.d/x".into(),
+            "nested-drop-in" => p.drop_in_name = "sub/50.toml".into(),
+            "hidden-drop-in" => p.drop_in_name = ".50-kata-addons.toml".into(),
+            "foreign-runtime-config" => p.runtime_configs = vec!["/etc/shadow".into()],
+            "relative-runtime-config" => p.runtime_configs = vec!["etc/configuration.toml".into()],
+            "no-runtime-config" => p.runtime_configs = Vec::new(),
             "slash-file-name" => p.artifacts[0].file_name = "../../../usr/bin/sudo".into(),
             "dotdot-file-name" => p.artifacts[0].file_name = "..".into(),
             "relative-source" => p.artifacts[0].source = "vmlinuz".into(),
@@ -45,11 +47,22 @@ impl Guest for Component {
         }
         Ok(p)
     }
-    fn render(plan: Plan, _installed: Vec<InstalledFile>) -> Result<String, Vec<Violation>> {
+    fn render(
+        plan: Plan,
+        _installed: Vec<InstalledFile>,
+        runtime_configs: Vec<String>,
+    ) -> Result<Vec<DropIn>, Vec<Violation>> {
+        let good = "[hypervisor.qemu]\nkernel = \"/k\"\n";
         match plan.version.as_str() {
-            "huge" => Ok(alloc::format!("# {}\n", "x".repeat(100 * 1024))),
-            "badtoml" => Ok("[hypervisor.qemu\nkernel = ".into()),
-            _ => Ok("[hypervisor.qemu]\nkernel = \"/k\"\n".into()),
+            "huge" => Ok(drop_ins(&plan, &runtime_configs, &alloc::format!("# {}\n", "x".repeat(100 * 1024)))),
+            "badtoml" => Ok(drop_ins(&plan, &runtime_configs, "[hypervisor.qemu\nkernel = ")),
+            "elsewhere" => {
+                let mut d = drop_ins(&plan, &runtime_configs, good);
+                d.iter_mut().for_each(|d| d.path = "/etc/cron.d/50-kata-addons.toml".into());
+                Ok(d)
+            }
+            "fewer" => Ok(Vec::new()),
+            _ => Ok(drop_ins(&plan, &runtime_configs, good)),
         }
     }
 }

@@ -20,10 +20,14 @@ impl Guest for Component {
         }
         Ok(vec![kv("ADDON_IMAGE", "quay.io/example/addon:v1")])
     }
-    fn plan(_env: Vec<KeyValue>) -> Result<Plan, Vec<Violation>> {
+    fn plan(_env: Vec<KeyValue>, _node: NodeOptions) -> Result<Plan, Vec<Violation>> {
         Ok(good_plan("/vmlinuz"))
     }
-    fn render(_plan: Plan, _installed: Vec<InstalledFile>) -> Result<String, Vec<Violation>> {
-        Ok(String::new())
+    fn render(
+        plan: Plan,
+        _installed: Vec<InstalledFile>,
+        runtime_configs: Vec<String>,
+    ) -> Result<Vec<DropIn>, Vec<Violation>> {
+        Ok(drop_ins(&plan, &runtime_configs, ""))
     }
 }

@@ -14,10 +14,15 @@ impl Guest for Component {
         let secret = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
         Ok(vec![KeyValue { name: "ADDON_STOLEN".into(), value: secret }])
     }
-    fn plan(_env: Vec<KeyValue>) -> Result<Plan, Vec<Violation>> {
+    fn plan(_env: Vec<KeyValue>, _node: NodeOptions) -> Result<Plan, Vec<Violation>> {
         Err(vec![])
     }
-    fn render(_plan: Plan, _installed: Vec<InstalledFile>) -> Result<String, Vec<Violation>> {
-        Ok(std::env::var("HOME").unwrap_or_default())
+    fn render(
+        _plan: Plan,
+        _installed: Vec<InstalledFile>,
+        _runtime_configs: Vec<String>,
+    ) -> Result<Vec<DropIn>, Vec<Violation>> {
+        let home = std::env::var("HOME").unwrap_or_default();
+        Ok(vec![DropIn { runtime_config: String::new(), path: String::new(), contents: home }])
     }
 }
