@@ -42,7 +42,7 @@ fn is_rejection(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// Refuses a key list over [`MAX_KEYS`] or with a key name over [`MAX_KEY_LEN`].
-fn check_counts(origin: &str, data: &[KeyValue]) -> Result<()> {
+pub fn check_counts(origin: &str, data: &[KeyValue]) -> Result<()> {
     if data.len() > MAX_KEYS {
         return Err(invalid(format!("{origin} has {} keys, more than the limit of {MAX_KEYS}", data.len())));
     }

@@ -460,8 +460,12 @@ fn configmap_input(cm: &ConfigMap) -> Result<Input> {
         "data": cm.data.as_ref().unwrap_or(&empty),
     });
     let text = serde_json::to_string(&doc).context("serialising the ConfigMap data")?;
-    let data = configmap::parse_configmap(&text).context("reading the ConfigMap data")?;
     let origin = format!("ConfigMap {}/{CONFIGMAP_NAME}", cm.metadata.namespace.as_deref().unwrap_or_default());
+    if text.len() as u64 > configmap::MAX_BYTES {
+        bail!("{origin} data is larger than the limit of {} bytes", configmap::MAX_BYTES);
+    }
+    let data = configmap::parse_configmap(&text).context("reading the ConfigMap data")?;
+    configmap::check_counts(&origin, &data)?;
     Ok(Input::ConfigMap { origin, data })
 }
 
