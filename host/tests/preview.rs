@@ -159,13 +159,14 @@ fn unreadable_input_is_a_clear_error_not_a_panic() {
     let cm = dir.path().join("broken.yaml");
     std::fs::write(&cm, "data: [unclosed\n").expect("write");
     let o = run(bin().args(["preview", "--configmap"]).arg(&cm));
-    assert_eq!(o.status.code(), Some(1));
+    // Malformed YAML is invalid configuration (exit 2), not an operational failure.
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("broken.yaml"), "{}", stderr(&o));
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
 
     std::fs::write(&cm, "addonImage: quay.io/a/b:v1\nversion: 1.0\n").expect("write");
     let o = run(bin().args(["preview", "--configmap"]).arg(&cm));
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("`version`"), "{}", stderr(&o));
 }
 
