@@ -1743,10 +1743,12 @@ fn env_set(rng: &mut fastrand::Rng) -> Vec<(std::ffi::OsString, std::ffi::OsStri
     use std::os::unix::ffi::OsStringExt;
     let n = if rng.u8(0..30) == 0 { rng.usize(120..140) } else { rng.usize(0..8) };
     let mut out = Vec::new();
+    let mut total = 0;
     if rng.bool() {
         for (k, v) in base_pairs(rng) {
             let name = KEYS.iter().zip(ENV_KEYS).find(|(c, _)| **c == k).map_or(k.clone(), |(_, e)| e.to_string());
-            out.push((name.into(), v.replace('\0', "").into()));
+            let v: String = v.replace('\0', "").chars().take(100_000).collect();
+            out.push((name.into(), v.into()));
         }
         return out;
     }
@@ -1767,6 +1769,11 @@ fn env_set(rng: &mut fastrand::Rng) -> Vec<(std::ffi::OsString, std::ffi::OsStri
         }
         if rng.u8(0..30) == 0 {
             v.extend_from_slice(b"\xff\xfe");
+        }
+        // What exec(2) can pass: at most 128 KiB per variable, 2 MiB in all.
+        total += name.len() + v.len() + 2;
+        if total > 1 << 20 {
+            break;
         }
         out.push((name.into(), std::ffi::OsString::from_vec(v)));
     }
