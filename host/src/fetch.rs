@@ -455,7 +455,10 @@ async fn extract(
             bail!("the files exceed the total limit of {} bytes", opts.limits.max_total_size);
         }
         let tmp = match placed.get(&c.tmp) {
-            None => c.tmp.clone(),
+            None => {
+                layer::sync_file(dir, &c.tmp)?;
+                c.tmp.clone()
+            }
             Some(first) => copy_within(temps, first, &w.dest_name)?,
         };
         set_mode_0644(dir, &tmp)?;
