@@ -872,7 +872,7 @@ fn check_layout_args(layout: &LayoutArgs) -> Result<()> {
     }
     for rc in &layout.runtime_configs {
         let name = rc.rsplit('/').next().unwrap_or("");
-        if !crate::policy::is_clean_abs_path(rc) || !(name.starts_with("configuration") && name.ends_with(".toml")) {
+        if !(crate::policy::is_clean_abs_path(rc) && name.starts_with("configuration") && name.ends_with(".toml")) {
             return Err(invalid(format!(
                 "--runtime-config {rc:?} is not the clean absolute node path of a Kata configuration*.toml"
             )));
