@@ -263,6 +263,11 @@ pub enum Command {
         /// rollout does not reach the registry from every node in one instant (0: no wait).
         #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
         start_jitter: f64,
+        /// How changes of the runtime configuration directories are noticed between resyncs:
+        /// inotify (polling where inotify is unavailable), poll (every --poll-interval), or
+        /// none (only the periodic --resync).
+        #[arg(long, value_enum, value_name = "HOW", default_value_t = Watch::Inotify)]
+        watch: Watch,
     },
     /// Validating admission webhook for the ConfigMap `kata-addon-artifacts` (HTTPS).
     Webhook(crate::webhook::WebhookArgs),
@@ -313,4 +318,15 @@ pub enum Action {
     Install,
     /// Uninstall.
     Uninstall,
+}
+
+/// How the daemon notices changes of the runtime configuration directories (`--watch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Watch {
+    /// inotify; polling where inotify is unavailable.
+    Inotify,
+    /// Poll the directories every `--poll-interval` (filesystems without inotify).
+    Poll,
+    /// No change notification: drift is found by the periodic `--resync` only.
+    None,
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::{Action, ConfigArgs, LayoutArgs, NodeArgs};
+use crate::cli::{Action, ConfigArgs, LayoutArgs, NodeArgs, Watch};
 use crate::configmap::Input;
 use crate::install::{self, Outcome};
 use crate::policy::Policy;
@@ -39,6 +39,8 @@ pub struct Daemon {
     pub resync: Option<Duration>,
     /// Longest random wait before the first install (`--start-jitter`).
     pub start_jitter: Duration,
+    /// How changes of the runtime configuration directories are noticed (`--watch`).
+    pub watch: Watch,
 }
 
 impl Daemon {
@@ -91,9 +93,14 @@ impl Daemon {
         // Drift repair: periodic resync plus change notification on the runtime dirs.
         let repairing = self.action == Action::Install;
         let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let mut dirs = DirWatch::new(changed_tx, self.poll_interval);
+        let mut dirs = DirWatch::new(changed_tx, self.poll_interval, if repairing { self.watch } else { Watch::None });
         if repairing && let Some(input) = &applied {
             dirs.update(self.watch_dirs(policy, input));
+            tracing::info!(
+                resync_seconds = self.resync.map(|r| r.as_secs_f64()),
+                watch = ?self.watch,
+                "drift repair: periodic resync (0 = off) and change notification (--watch)"
+            );
         }
         let resync_sleep = tokio::time::sleep(self.next_resync().unwrap_or(Duration::MAX / 4));
         tokio::pin!(resync_sleep);
@@ -228,7 +235,7 @@ struct DirWatch {
 }
 
 impl DirWatch {
-    fn new(tx: tokio::sync::mpsc::UnboundedSender<()>, poll: Duration) -> DirWatch {
+    fn new(tx: tokio::sync::mpsc::UnboundedSender<()>, poll: Duration, how: Watch) -> DirWatch {
         let handler = move |res: notify::Result<notify::Event>| {
             if let Ok(ev) = res
                 && !matches!(ev.kind, notify::EventKind::Access(_))
@@ -236,18 +243,25 @@ impl DirWatch {
                 let _ = tx.send(());
             }
         };
-        let watcher: Option<Box<dyn notify::Watcher + Send>> = match notify::recommended_watcher(handler.clone()) {
-            Ok(w) => Some(Box::new(w)),
-            Err(e) => {
-                tracing::warn!(error = %e, "inotify unavailable; polling the runtime configuration directories");
-                match notify::PollWatcher::new(handler, notify::Config::default().with_poll_interval(poll)) {
-                    Ok(w) => Some(Box::new(w)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot watch the runtime configuration directories; resync only");
-                        None
-                    }
+        let poller = |handler| -> Option<Box<dyn notify::Watcher + Send>> {
+            match notify::PollWatcher::new(handler, notify::Config::default().with_poll_interval(poll)) {
+                Ok(w) => Some(Box::new(w)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch the runtime configuration directories; resync only");
+                    None
                 }
             }
+        };
+        let watcher: Option<Box<dyn notify::Watcher + Send>> = match how {
+            Watch::None => None,
+            Watch::Poll => poller(handler),
+            Watch::Inotify => match notify::recommended_watcher(handler.clone()) {
+                Ok(w) => Some(Box::new(w)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "inotify unavailable; polling the runtime configuration directories");
+                    poller(handler)
+                }
+            },
         };
         DirWatch { watcher, watched: BTreeSet::new() }
     }

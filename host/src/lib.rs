@@ -181,7 +181,18 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             runtime()?.block_on(webhook::serve(&args, policy))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Daemon { action, config, registry, node, ready_file, poll_interval, start_jitter, layout, resync } => {
+        Command::Daemon {
+            action,
+            config,
+            registry,
+            node,
+            ready_file,
+            poll_interval,
+            start_jitter,
+            layout,
+            resync,
+            watch,
+        } => {
             if !(poll_interval.is_finite() && poll_interval >= 0.1) {
                 bail!("--poll-interval must be at least 0.1 seconds");
             }
@@ -206,6 +217,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 start_jitter: Duration::from_secs_f64(start_jitter),
                 layout,
                 resync: (resync > 0.0).then(|| Duration::from_secs_f64(resync)),
+                watch,
             };
             runtime()?.block_on(d.run(&policy))?;
             Ok(ExitCode::SUCCESS)

@@ -206,3 +206,94 @@ fn daemon_fails_fast_when_the_install_cannot_succeed() {
     assert!(!dir.path().join("ready").exists());
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing"), "{}", show(&o));
 }
+
+/// JSON log lines of the daemon whose `message` contains `needle`.
+fn log_lines_with(log: &str, needle: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"].as_str().is_some_and(|m| m.contains(needle)))
+        .collect()
+}
+
+/// Drift repair by the periodic resync alone: with `--watch none` no change notification
+/// can fire, so a deleted drop-in and an edited artifact are found and repaired only by
+/// the resync, each within two periods, each with exactly one log line saying what drifted.
+#[test]
+fn periodic_resync_alone_repairs_drift_within_two_periods() {
+    const RESYNC: f64 = 2.0;
+    // The daemon sleeps `RESYNC * (0.9 + 0.2 * r)` between resyncs, r in [0, 1)
+    // (`Daemon::next_resync`): at most 1.1 periods. A drift is found by the first resync
+    // after it, so within one jittered period; two periods at the top of the jitter, plus
+    // a margin for the repair itself (a re-pull from a local layout) on a loaded machine.
+    let within = Duration::from_secs_f64(2.0 * RESYNC * 1.1 + 2.0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let k = noise(150_000, 24);
+    layout_with(&dir.path().join("l"), "r1", &[("vmlinuz", &k)]);
+    let node = Node::new();
+    let ready = dir.path().join("ready");
+    let log = dir.path().join("daemon.log");
+    let child = Command::new(kata_addons_bin())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", dir.path())
+        .env("ADDON_IMAGE", format!("oci:{}:r1", dir.path().join("l").display()))
+        .env("ADDON_KERNEL_PATH", "/vmlinuz")
+        .args(["--log-format", "json", "daemon", "--watch", "none", "--start-jitter", "0"])
+        .args(["--resync", &RESYNC.to_string(), "--root"])
+        .arg(node.root())
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("spawn daemon");
+    let d = Daemon { child, log };
+    wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
+    let started = log_lines_with(&d.log(), "drift repair:");
+    assert_eq!(started.len(), 1, "{}", d.log());
+    assert_eq!(started[0]["watch"], "None", "no change notification: {}", d.log());
+    let drop_in = node.config_dir("se").join("config.d/50-kata-addons.toml");
+    let good_drop_in = std::fs::read(&drop_in).expect("drop-in");
+    assert_eq!(kernel_sha(&node), Some(sha256_hex(&k)));
+
+    // 1. A deleted drop-in.
+    std::fs::remove_file(&drop_in).expect("rm drop-in");
+    let t = Instant::now();
+    wait_for("the deleted drop-in", within, || std::fs::read(&drop_in).ok() == Some(good_drop_in.clone()), || d.log());
+    eprintln!("deleted drop-in repaired after {:?} (--resync {RESYNC}, --watch none)", t.elapsed());
+    // The summary line of that resync is logged after the repair: give it a moment.
+    wait_for(
+        "the resync summary",
+        Duration::from_secs(5),
+        || !log_lines_with(&d.log(), "resync:").is_empty(),
+        || d.log(),
+    );
+    let lines = log_lines_with(&d.log(), "drift repaired:");
+    assert_eq!(lines.len(), 1, "exactly one line says what drifted: {}", d.log());
+    let msg = lines[0]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("drop-in") && msg.contains("50-kata-addons.toml was missing"), "{msg}");
+    let summary = log_lines_with(&d.log(), "resync:");
+    assert!(summary.iter().all(|l| l["trigger"] == "periodic resync"), "only the resync repairs: {}", d.log());
+    assert!(log_lines_with(&d.log(), "directory changed").is_empty(), "{}", d.log());
+
+    // 2. An edited artifact: pulled again at the recorded digest.
+    let kernel = node.path(&node.qemu_key("se", "kernel").expect("kernel key"));
+    std::fs::write(&kernel, b"not the kernel").expect("edit kernel");
+    let t = Instant::now();
+    wait_for("the edited kernel", within, || kernel_sha(&node) == Some(sha256_hex(&k)), || d.log());
+    eprintln!("edited kernel repaired after {:?} (--resync {RESYNC}, --watch none)", t.elapsed());
+    let lines = log_lines_with(&d.log(), "was edited");
+    assert_eq!(lines.len(), 1, "exactly one line says what drifted: {}", d.log());
+    let msg = lines[0]["message"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("drift: kernel ") && msg.contains("; pulling sha256:"), "{msg}");
+    assert_eq!(log_lines_with(&d.log(), "drift repaired:").len(), 1, "the drop-in did not drift again");
+    assert!(log_lines_with(&d.log(), "directory changed").is_empty(), "{}", d.log());
+
+    // 3. Nothing drifted: the next resyncs repair nothing.
+    std::thread::sleep(Duration::from_secs_f64(RESYNC * 1.1 + 0.5));
+    assert_eq!(log_lines_with(&d.log(), "drift repaired:").len(), 1, "{}", d.log());
+    assert_eq!(log_lines_with(&d.log(), "; pulling").len(), 1, "{}", d.log());
+    assert_eq!(log_lines_with(&d.log(), "resync:").len(), 2, "one summary per repair: {}", d.log());
+    let st = Command::new(kata_addons_bin()).args(["status", "--root"]).arg(node.root()).output().expect("status");
+    assert_eq!(st.status.code(), Some(0), "{}", show(&st));
+}

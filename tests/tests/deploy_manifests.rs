@@ -1,14 +1,21 @@
-//! The Kubernetes deployment under `host/deploy/`: every manifest parses into its typed
-//! `k8s-openapi` object and survives a round trip unchanged (so a misspelt field, which the
-//! typed objects would silently drop, is caught), the DaemonSets have the shape the runner
-//! needs, and every flag, subcommand and env var they use exists in the runner's CLI.
+//! The Kubernetes deployment under `host/deploy/`: `base/` with the sibling overlays
+//! `openshift/` and `upstream/`, the `uninstall/` variant and the webhook. Each
+//! kustomization is built here the way `kustomize build` builds it (resources, overlays of
+//! `../base`, strategic-merge and JSON 6902 patches, `namespace`, `images`; no kustomize
+//! binary needed), and every object of the RESULT parses into its typed `k8s-openapi`
+//! object and survives a round trip unchanged (so a misspelt field, which the typed
+//! objects would silently drop, is caught). The DaemonSets have the shape the runner
+//! needs, every flag, subcommand and env var they use exists in the runner's CLI, and the
+//! platform knobs are in place: `system-node-critical`, the pinned SCC, the cluster proxy
+//! from an optional ConfigMap, the runner image pinned to the crate version, kata-deploy's
+//! node label and layout for upstream Kata.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser, ValueEnum};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ServiceAccount, Volume};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kata_addons::cli::{Action, Cli, Command};
 use serde::Serialize;
@@ -17,6 +24,16 @@ use serde_json::Value;
 
 const NAMESPACE: &str = "openshift-sandboxed-containers-operator";
 const PULL_SECRET: &str = "kata-addons-pull-secret";
+const RUNNER_IMAGE: &str = "quay.io/openshift_sandboxed_containers/kata-addons";
+/// The optional ConfigMap the install DaemonSet takes the cluster proxy env from.
+const PROXY_CONFIGMAP: &str = "kata-addons-proxy";
+/// The node label kata-deploy sets once Kata is installed (tools/packaging/kata-deploy,
+/// `KATA_RUNTIME_LABEL`, value "true"; "false" while its install runs).
+const KATA_DEPLOY_LABEL: (&str, &str) = ("katacontainers.io/kata-runtime", "true");
+/// The role label of the nodes the OpenShift sandboxed containers operator installs on.
+const KATA_OC_LABEL: (&str, &str) = ("node-role.kubernetes.io/kata-oc", "");
+/// The install overlays and the uninstall variant, relative to host/deploy.
+const WORKLOAD_KUSTOMIZATIONS: &[&str] = &["openshift", "upstream", "uninstall"];
 
 /// The one env var the runner itself reads (`daemon --action`).
 const RUNNER_ENV: &[&str] = &["ADDON_ACTION"];
@@ -34,6 +51,8 @@ const POLICY_ENV: &[&str] = &[
 ];
 /// Standard variables the runner honours (log filter, auth-file search, cache location).
 const STANDARD_ENV: &[&str] = &["RUST_LOG", "REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "HOME"];
+/// The keys of the proxy ConfigMap: read by the runner (`source::proxy::ProxyEnv`).
+const PROXY_ENV: &[&str] = &["HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"];
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/deploy")
@@ -99,59 +118,276 @@ fn typed<T: DeserializeOwned + Serialize>(what: &str, doc: &Value) -> T {
     obj
 }
 
-/// All manifests, typed.
-#[derive(Default)]
-struct Manifests {
-    config_maps: Vec<(PathBuf, ConfigMap)>,
-    service_accounts: Vec<ServiceAccount>,
-    roles: Vec<Role>,
-    role_bindings: Vec<RoleBinding>,
-    daemon_sets: Vec<(PathBuf, DaemonSet)>,
+// ---------------------------------------------------------------------------------------
+// A kustomize build, for the features these kustomizations use. Anything else in a
+// kustomization is refused, so a new feature cannot be silently ignored here.
+
+/// Kinds without a namespace (kustomize's `namespace` leaves them alone).
+const CLUSTER_SCOPED: &[&str] = &["Namespace", "ValidatingWebhookConfiguration"];
+/// Lists merged by key in a strategic merge patch (Kubernetes' `patchMergeKey`), for the
+/// fields these patches can reach; every other list is replaced, as strategic merge does.
+const MERGE_KEYS: &[(&str, &str)] = &[
+    ("containers", "name"),
+    ("initContainers", "name"),
+    ("volumes", "name"),
+    ("volumeMounts", "mountPath"),
+    ("env", "name"),
+    ("ports", "containerPort"),
+];
+
+/// The result of building one kustomization, and every file it read.
+struct Build {
+    docs: Vec<Value>,
+    files: BTreeSet<PathBuf>,
 }
 
-fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<PathBuf> =
-        std::fs::read_dir(dir).expect("deploy dir").map(|e| e.expect("dir entry").path()).collect();
-    entries.sort();
-    for p in entries {
-        // The webhook has its own base and overlays (patches are partial objects): the
-        // `webhook_*` tests below check them.
-        if p == deploy_dir().join("webhook") {
-            continue;
-        }
-        // MachineConfig mode (no Kubernetes workload): tests/tests/machineconfig.rs checks it.
-        if p == deploy_dir().join("machineconfig") {
-            continue;
-        }
+fn canonical(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// `kustomize build DIR`.
+fn build(dir: &Path) -> Build {
+    let kfile = dir.join("kustomization.yaml");
+    let what = kfile.display().to_string();
+    let k = documents(&kfile).remove(0);
+    assert_eq!(k["apiVersion"], "kustomize.config.k8s.io/v1beta1", "{what}");
+    assert_eq!(k["kind"], "Kustomization", "{what}");
+    for key in k.as_object().expect("a map").keys() {
+        assert!(
+            ["apiVersion", "kind", "namespace", "resources", "patches", "images"].contains(&key.as_str()),
+            "{what}: `{key}` is not a kustomization field this build understands; teach it"
+        );
+    }
+    let mut out = Build { docs: Vec::new(), files: BTreeSet::from([canonical(&kfile)]) };
+    for r in k["resources"].as_array().into_iter().flatten() {
+        let r = r.as_str().unwrap_or_else(|| panic!("{what}: a resource is not a path"));
+        let p = dir.join(r);
+        assert!(p.exists(), "{what}: resource {r} does not exist");
         if p.is_dir() {
-            yaml_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-            out.push(p);
+            // An overlay: kustomize forbids it inside its own base.
+            assert!(!canonical(dir).starts_with(canonical(&p)), "{what}: an overlay inside its base {r}");
+            let sub = build(&p);
+            out.docs.extend(sub.docs);
+            out.files.extend(sub.files);
+        } else {
+            assert!(!r.contains(".."), "{what}: {r}: kustomize loads no file from outside its directory");
+            out.docs.extend(documents(&p));
+            out.files.insert(canonical(&p));
+        }
+    }
+    for p in k["patches"].as_array().into_iter().flatten() {
+        for key in p.as_object().expect("a patch entry is a map").keys() {
+            assert!(["path", "target"].contains(&key.as_str()), "{what}: patch field `{key}`; teach the build");
+        }
+        let path = p["path"].as_str().unwrap_or_else(|| panic!("{what}: patches are files here"));
+        let file = dir.join(path);
+        out.files.insert(canonical(&file));
+        let patch = documents(&file);
+        assert_eq!(patch.len(), 1, "{what}: {path}: one patch per file");
+        let patch = &patch[0];
+        let pwhat = format!("{what}: patch {path}");
+        if let Some(ops) = patch.as_array() {
+            let t = &p["target"];
+            assert!(t.is_object(), "{pwhat}: a JSON 6902 patch needs a target");
+            let matches: Vec<&mut Value> = out
+                .docs
+                .iter_mut()
+                .filter(|d| {
+                    let (group, version) = match d["apiVersion"].as_str().unwrap_or_default().split_once('/') {
+                        Some((g, v)) => (g.to_string(), v.to_string()),
+                        None => (String::new(), d["apiVersion"].as_str().unwrap_or_default().to_string()),
+                    };
+                    t.as_object().expect("target").iter().all(|(k, v)| match k.as_str() {
+                        "group" => v == group.as_str(),
+                        "version" => v == version.as_str(),
+                        "kind" => *v == d["kind"],
+                        "name" => *v == d["metadata"]["name"],
+                        other => panic!("{pwhat}: target field {other}; teach the build"),
+                    })
+                })
+                .collect();
+            assert_eq!(matches.len(), 1, "{pwhat}: the target matches one object");
+            for d in matches {
+                for op in ops {
+                    json_patch(&pwhat, d, op);
+                }
+            }
+        } else {
+            assert!(p.get("target").is_none(), "{pwhat}: strategic merge patches name their object");
+            let target: Vec<&mut Value> = out
+                .docs
+                .iter_mut()
+                .filter(|d| {
+                    d["apiVersion"] == patch["apiVersion"]
+                        && d["kind"] == patch["kind"]
+                        && d["metadata"]["name"] == patch["metadata"]["name"]
+                })
+                .collect();
+            assert_eq!(target.len(), 1, "{pwhat}: patches exactly one object of the resources");
+            for d in target {
+                strategic_merge(&pwhat, d, patch);
+            }
+        }
+    }
+    if let Some(ns) = k["namespace"].as_str() {
+        for d in &mut out.docs {
+            if !CLUSTER_SCOPED.contains(&d["kind"].as_str().unwrap_or_default()) {
+                d["metadata"]["namespace"] = Value::from(ns);
+            }
+        }
+    }
+    for i in k["images"].as_array().into_iter().flatten() {
+        let name = i["name"].as_str().unwrap_or_else(|| panic!("{what}: image without name"));
+        for key in i.as_object().expect("map").keys() {
+            assert!(["name", "newName", "newTag"].contains(&key.as_str()), "{what}: images field {key}");
+        }
+        let mut used = false;
+        for d in &mut out.docs {
+            for c in pod_containers(d) {
+                let image = c["image"].as_str().unwrap_or_default().to_string();
+                let (n, tag) = split_image(&image);
+                if n == name {
+                    let n = i["newName"].as_str().unwrap_or(n);
+                    let tag = i["newTag"].as_str().or(tag);
+                    c["image"] = Value::from(tag.map_or(n.to_string(), |t| format!("{n}:{t}")));
+                    used = true;
+                }
+            }
+        }
+        assert!(used, "{what}: image {name} is used by no container");
+    }
+    out
+}
+
+/// `name` and tag of `name[:tag]` (a `:` in the registry's port is not a tag).
+fn split_image(image: &str) -> (&str, Option<&str>) {
+    match image.rsplit_once(':') {
+        Some((n, t)) if !t.contains('/') => (n, Some(t)),
+        _ => (image, None),
+    }
+}
+
+/// The containers of a workload's pod template (mutable; other objects are not touched).
+fn pod_containers(d: &mut Value) -> Vec<&mut Value> {
+    let Some(spec) = d
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("template"))
+        .and_then(|t| t.get_mut("spec"))
+        .and_then(Value::as_object_mut)
+    else {
+        return Vec::new();
+    };
+    spec.iter_mut()
+        .filter(|(k, _)| *k == "containers" || *k == "initContainers")
+        .flat_map(|(_, list)| list.as_array_mut().into_iter().flatten())
+        .collect()
+}
+
+/// A strategic merge patch: maps merge, `null` deletes, lists with a merge key merge item
+/// by item, other lists and scalars are replaced. Directives (`$patch`, …) are refused.
+fn strategic_merge(what: &str, base: &mut Value, patch: &Value) {
+    let (Value::Object(b), Value::Object(p)) = (&mut *base, patch) else {
+        *base = patch.clone();
+        return;
+    };
+    for (k, v) in p {
+        assert!(!k.starts_with('$'), "{what}: directive {k} is not supported here");
+        if v.is_null() {
+            b.remove(k);
+            continue;
+        }
+        match (b.get_mut(k), v) {
+            (Some(Value::Array(items)), Value::Array(new)) => {
+                if let Some((_, key)) = MERGE_KEYS.iter().find(|(f, _)| f == k) {
+                    for n in new {
+                        match items.iter_mut().find(|i| i[key] == n[key]) {
+                            Some(i) => strategic_merge(what, i, n),
+                            None => items.push(n.clone()),
+                        }
+                    }
+                } else {
+                    *items = new.clone();
+                }
+            }
+            (Some(old), _) => strategic_merge(what, old, v),
+            (None, _) => {
+                b.insert(k.clone(), v.clone());
+            }
         }
     }
 }
 
-fn is_kustomization(p: &Path) -> bool {
-    p.file_name().is_some_and(|n| n == "kustomization.yaml" || n == "kustomization.yml")
+/// One RFC 6902 operation (`add`, `replace`, `remove`; `-` appends).
+fn json_patch(what: &str, doc: &mut Value, op: &Value) {
+    let path = op["path"].as_str().unwrap_or_else(|| panic!("{what}: op without path"));
+    let parts: Vec<String> = path.split('/').skip(1).map(|p| p.replace("~1", "/").replace("~0", "~")).collect();
+    let (last, parents) = parts.split_last().unwrap_or_else(|| panic!("{what}: empty path"));
+    let mut at = &mut *doc;
+    for p in parents {
+        at = match at {
+            Value::Object(m) => m.get_mut(p),
+            Value::Array(a) => p.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
+            _ => None,
+        }
+        .unwrap_or_else(|| panic!("{what}: {path}: no {p}"));
+    }
+    let value = || op["value"].clone();
+    match (op["op"].as_str().unwrap_or_default(), at) {
+        ("add", Value::Array(a)) if last == "-" => a.push(value()),
+        ("add", Value::Array(a)) => {
+            let i: usize = last.parse().unwrap_or_else(|_| panic!("{what}: {path}: index"));
+            assert!(i <= a.len(), "{what}: {path}: index out of range");
+            a.insert(i, value());
+        }
+        ("add" | "replace", Value::Object(m)) => {
+            let old = m.insert(last.clone(), value());
+            assert!(op["op"] == "add" || old.is_some(), "{what}: replace of a missing {path}");
+        }
+        ("replace", Value::Array(a)) => {
+            let slot = last.parse::<usize>().ok().and_then(|i| a.get_mut(i));
+            *slot.unwrap_or_else(|| panic!("{what}: {path}: index")) = value();
+        }
+        ("remove", Value::Object(m)) => assert!(m.remove(last).is_some(), "{what}: remove of a missing {path}"),
+        ("remove", Value::Array(a)) => {
+            let i: usize = last.parse().unwrap_or_else(|_| panic!("{what}: {path}: index"));
+            assert!(i < a.len(), "{what}: {path}: index out of range");
+            a.remove(i);
+        }
+        (o, _) => panic!("{what}: op {o} at {path} is not supported here"),
+    }
 }
 
-fn load_all() -> Manifests {
-    let mut files = Vec::new();
-    yaml_files(&deploy_dir(), &mut files);
-    let mut m = Manifests::default();
-    for file in files.iter().filter(|p| !is_kustomization(p)) {
-        for (i, doc) in documents(file).iter().enumerate() {
-            let what = format!("{} document {i}", file.display());
-            let api = doc["apiVersion"].as_str().unwrap_or_else(|| panic!("{what}: no apiVersion"));
-            let kind = doc["kind"].as_str().unwrap_or_else(|| panic!("{what}: no kind"));
-            match (api, kind) {
-                ("v1", "ConfigMap") => m.config_maps.push((file.clone(), typed(&what, doc))),
-                ("v1", "ServiceAccount") => m.service_accounts.push(typed(&what, doc)),
-                ("rbac.authorization.k8s.io/v1", "Role") => m.roles.push(typed(&what, doc)),
-                ("rbac.authorization.k8s.io/v1", "RoleBinding") => m.role_bindings.push(typed(&what, doc)),
-                ("apps/v1", "DaemonSet") => m.daemon_sets.push((file.clone(), typed(&what, doc))),
-                _ => panic!("{what}: {api} {kind} is not a kind these tests know; add it"),
-            }
+// ---------------------------------------------------------------------------------------
+// The built workloads, typed.
+
+/// The objects of one built kustomization, typed.
+#[derive(Default)]
+struct Manifests {
+    name: String,
+    config_maps: Vec<ConfigMap>,
+    service_accounts: Vec<ServiceAccount>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    namespaces: Vec<Namespace>,
+    daemon_sets: Vec<DaemonSet>,
+}
+
+/// Builds `host/deploy/<name>` and types every object of the result.
+fn load(name: &str) -> Manifests {
+    let b = build(&deploy_dir().join(name));
+    let mut m = Manifests { name: name.to_string(), ..Manifests::default() };
+    for (i, doc) in b.docs.iter().enumerate() {
+        let what = format!("{name} (built) object {i}");
+        let api = doc["apiVersion"].as_str().unwrap_or_else(|| panic!("{what}: no apiVersion"));
+        let kind = doc["kind"].as_str().unwrap_or_else(|| panic!("{what}: no kind"));
+        match (api, kind) {
+            ("v1", "ConfigMap") => m.config_maps.push(typed(&what, doc)),
+            ("v1", "ServiceAccount") => m.service_accounts.push(typed(&what, doc)),
+            ("v1", "Namespace") => m.namespaces.push(typed(&what, doc)),
+            ("rbac.authorization.k8s.io/v1", "Role") => m.roles.push(typed(&what, doc)),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => m.role_bindings.push(typed(&what, doc)),
+            ("apps/v1", "DaemonSet") => m.daemon_sets.push(typed(&what, doc)),
+            _ => panic!("{what}: {api} {kind} is not a kind these tests know; add it"),
         }
     }
     m
@@ -247,6 +483,8 @@ fn check_cli(what: &str, argv: &[String]) -> Cli {
     Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{what}: {argv:?} does not parse: {e}"))
 }
 
+/// Every env var is one the runner or the policy reads; `envFrom` only the optional proxy
+/// ConfigMap (whose keys are in [`PROXY_ENV`]).
 fn check_env_names(what: &str, c: &Container) {
     for name in env_map(c).keys() {
         assert!(
@@ -256,43 +494,65 @@ fn check_env_names(what: &str, c: &Container) {
             "{what}: env {name} is read by neither the runner nor the policy"
         );
     }
-    assert!(c.env_from.is_none(), "{what}: envFrom would pass names nobody checked");
+    for from in c.env_from.iter().flatten() {
+        let cm = from.config_map_ref.as_ref().unwrap_or_else(|| panic!("{what}: envFrom is a ConfigMap"));
+        assert_eq!(cm.name, PROXY_CONFIGMAP, "{what}: envFrom would pass names nobody checked");
+        assert_eq!(cm.optional, Some(true), "{what}: no proxy ConfigMap = direct connections");
+        assert!(from.prefix.is_none() && from.secret_ref.is_none(), "{what}");
+    }
 }
 
 fn the_config_map(m: &Manifests) -> &ConfigMap {
-    let cms: Vec<_> = m.config_maps.iter().filter(|(p, _)| p.ends_with("configmap.yaml")).collect();
-    assert_eq!(cms.len(), 1, "configmap.yaml holds one ConfigMap");
-    &cms[0].1
+    assert_eq!(m.config_maps.len(), 1, "{}: one ConfigMap", m.name);
+    &m.config_maps[0]
 }
 
-fn daemon_set<'a>(m: &'a Manifests, file: &str) -> &'a DaemonSet {
-    let v: Vec<_> = m.daemon_sets.iter().filter(|(p, _)| p.ends_with(file)).collect();
-    assert_eq!(v.len(), 1, "{file} holds one DaemonSet");
-    &v[0].1
+/// The one DaemonSet of a built kustomization.
+fn the_daemon_set(m: &Manifests) -> &DaemonSet {
+    assert_eq!(m.daemon_sets.len(), 1, "{}: one DaemonSet", m.name);
+    &m.daemon_sets[0]
+}
+
+/// The install overlays.
+fn installs() -> [Manifests; 2] {
+    [load("openshift"), load("upstream")]
+}
+
+fn version() -> String {
+    Cli::command().get_version().expect("the CLI has a version").to_string()
 }
 
 #[test]
-fn every_manifest_parses_typed_and_round_trips() {
-    let m = load_all();
-    assert_eq!(m.config_maps.len(), 1);
-    assert_eq!(m.service_accounts.len(), 1);
-    assert_eq!(m.daemon_sets.len(), 2);
-    let namespaces = m
-        .config_maps
-        .iter()
-        .map(|(_, o)| &o.metadata)
-        .chain(m.service_accounts.iter().map(|o| &o.metadata))
-        .chain(m.roles.iter().map(|o| &o.metadata))
-        .chain(m.role_bindings.iter().map(|o| &o.metadata))
-        .chain(m.daemon_sets.iter().map(|(_, o)| &o.metadata));
-    for meta in namespaces {
-        assert_eq!(meta.namespace.as_deref(), Some(NAMESPACE), "{:?}", meta.name);
+fn every_overlay_builds_and_its_objects_round_trip_typed() {
+    for name in WORKLOAD_KUSTOMIZATIONS {
+        let m = load(name);
+        let metas = m
+            .config_maps
+            .iter()
+            .map(|o| &o.metadata)
+            .chain(m.service_accounts.iter().map(|o| &o.metadata))
+            .chain(m.roles.iter().map(|o| &o.metadata))
+            .chain(m.role_bindings.iter().map(|o| &o.metadata))
+            .chain(m.daemon_sets.iter().map(|o| &o.metadata));
+        for meta in metas {
+            assert_eq!(meta.namespace.as_deref(), Some(NAMESPACE), "{name}: {:?}", meta.name);
+        }
+        assert_eq!(m.daemon_sets.len(), 1, "{name}");
     }
+    let os = load("openshift");
+    assert_eq!((os.config_maps.len(), os.service_accounts.len(), os.roles.len(), os.namespaces.len()), (1, 1, 1, 0));
+    let up = load("upstream");
+    assert_eq!((up.config_maps.len(), up.service_accounts.len(), up.roles.len(), up.namespaces.len()), (1, 1, 0, 1));
+    let un = load("uninstall");
+    assert!(un.config_maps.is_empty() && un.service_accounts.is_empty(), "uninstall keeps the others' objects");
+    // The install overlays differ only where the platform needs it.
+    assert_eq!(runner(the_daemon_set(&os)).volume_mounts, runner(the_daemon_set(&up)).volume_mounts);
+    assert_eq!(pod_spec(the_daemon_set(&os)).volumes, pod_spec(the_daemon_set(&up)).volumes);
 }
 
 #[test]
 fn the_round_trip_catches_a_misspelt_field() {
-    let path = deploy_dir().join("daemonset.yaml");
+    let path = deploy_dir().join("base/daemonset.yaml");
     let mut doc = documents(&path).remove(0);
     doc["spec"]["template"]["spec"]["nodeSelektor"] = doc["spec"]["template"]["spec"]["nodeSelector"].take();
     let r = std::panic::catch_unwind(|| typed::<DaemonSet>("misspelt", &doc));
@@ -300,49 +560,109 @@ fn the_round_trip_catches_a_misspelt_field() {
 }
 
 #[test]
+fn the_build_applies_patches_as_kustomize_does() {
+    let mut base: Value = serde_json::json!({
+        "metadata": {"name": "x", "labels": {"a": "1"}},
+        "spec": {"containers": [{"name": "c", "image": "i", "args": ["daemon", "--root"]}, {"name": "d"}],
+                 "nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": [{"operator": "Exists"}]}
+    });
+    let patch = serde_json::json!({
+        "metadata": {"labels": {"b": "2", "a": null}},
+        "spec": {"containers": [{"name": "c", "args": ["other"]}, {"name": "e"}],
+                 "nodeSelector": {"k": ""}, "tolerations": [{"key": "t"}]}
+    });
+    strategic_merge("test", &mut base, &patch);
+    assert_eq!(base["metadata"]["labels"], serde_json::json!({"b": "2"}), "maps merge, null deletes");
+    let names: Vec<&str> =
+        base["spec"]["containers"].as_array().expect("list").iter().map(|c| c["name"].as_str().unwrap_or("")).collect();
+    assert_eq!(names, ["c", "d", "e"], "containers merge by name");
+    assert_eq!(base["spec"]["containers"][0]["image"], "i");
+    assert_eq!(base["spec"]["containers"][0]["args"], serde_json::json!(["other"]), "args are replaced");
+    assert_eq!(base["spec"]["nodeSelector"], serde_json::json!({"kubernetes.io/os": "linux", "k": ""}));
+    assert_eq!(
+        base["spec"]["tolerations"],
+        serde_json::json!([{"key": "t"}]),
+        "lists without a merge key are replaced"
+    );
+    json_patch("test", &mut base, &serde_json::json!({"op": "add", "path": "/spec/containers/0/args/-", "value": "x"}));
+    json_patch("test", &mut base, &serde_json::json!({"op": "add", "path": "/spec/containers/0/args/0", "value": "y"}));
+    json_patch("test", &mut base, &serde_json::json!({"op": "replace", "path": "/metadata/name", "value": "z"}));
+    json_patch("test", &mut base, &serde_json::json!({"op": "remove", "path": "/spec/containers/2"}));
+    assert_eq!(base["spec"]["containers"][0]["args"], serde_json::json!(["y", "other", "x"]));
+    assert_eq!(base["metadata"]["name"], "z");
+    assert_eq!(base["spec"]["containers"].as_array().map(Vec::len), Some(2));
+    for bad in [
+        serde_json::json!({"op": "replace", "path": "/metadata/missing", "value": 1}),
+        serde_json::json!({"op": "add", "path": "/nothing/here", "value": 1}),
+        serde_json::json!({"op": "move", "from": "/a", "path": "/b"}),
+    ] {
+        let mut d = base.clone();
+        assert!(std::panic::catch_unwind(move || json_patch("test", &mut d, &bad)).is_err());
+    }
+    let mut d = base.clone();
+    let directive = serde_json::json!({"spec": {"$patch": "replace"}});
+    assert!(std::panic::catch_unwind(move || strategic_merge("test", &mut d, &directive)).is_err());
+    assert_eq!(split_image("reg:5000/a/b:1.0"), ("reg:5000/a/b", Some("1.0")));
+    assert_eq!(split_image("reg:5000/a/b"), ("reg:5000/a/b", None));
+}
+
+#[test]
 fn configmap_is_the_example_and_parses() {
-    let m = load_all();
-    let cm = the_config_map(&m);
-    assert_eq!(cm.metadata.name.as_deref(), Some("kata-addon-artifacts"));
-    let text = read(&deploy_dir().join("configmap.yaml"));
-    let kv = kata_addons::configmap::parse_configmap(&text).expect("the runner reads configmap.yaml");
+    for m in installs() {
+        assert_eq!(the_config_map(&m).metadata.name.as_deref(), Some("kata-addon-artifacts"), "{}", m.name);
+    }
+    let text = read(&deploy_dir().join("base/configmap.yaml"));
+    let kv = kata_addons::configmap::parse_configmap(&text).expect("the runner reads base/configmap.yaml");
     let keys: BTreeSet<&str> = kv.iter().map(|k| k.name.as_str()).collect();
     assert!(keys.contains("addonImage") && keys.contains("kernelPath"), "{keys:?}");
     // The same data as the documented example.
     let example = read(&deploy_dir().join("../../examples/kata-addon-artifacts.yaml"));
     let example = kata_addons::configmap::parse_configmap(&example).expect("example parses");
-    assert_eq!(kv, example, "configmap.yaml and examples/kata-addon-artifacts.yaml disagree");
+    assert_eq!(kv, example, "base/configmap.yaml and examples/kata-addon-artifacts.yaml disagree");
 }
 
 #[test]
 fn service_account_and_scc_binding() {
-    let m = load_all();
-    let sa = &m.service_accounts[0];
+    let os = load("openshift");
+    let sa = &os.service_accounts[0];
     let sa_name = sa.metadata.name.as_deref().expect("name");
     assert_eq!(sa.automount_service_account_token, Some(false));
-    for rb in &m.role_bindings {
-        let role = m.roles.iter().find(|r| r.metadata.name.as_deref() == Some(&rb.role_ref.name));
+    assert_eq!(os.role_bindings.len(), 1);
+    for rb in &os.role_bindings {
+        let role = os.roles.iter().find(|r| r.metadata.name.as_deref() == Some(&rb.role_ref.name));
         assert!(rb.role_ref.kind == "Role" && role.is_some(), "RoleBinding refers to a Role in rbac.yaml");
         let subjects = rb.subjects.as_deref().unwrap_or_default();
         assert!(subjects.iter().all(|s| s.kind == "ServiceAccount" && s.name == sa_name));
+        assert!(subjects.iter().all(|s| s.namespace.as_deref() == Some(NAMESPACE)));
+        // The one rule: `use` of the privileged SCC, nothing else.
+        let rules = role.and_then(|r| r.rules.clone()).unwrap_or_default();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].api_groups.as_deref(), Some(&["security.openshift.io".to_string()][..]));
+        assert_eq!(rules[0].resources.as_deref(), Some(&["securitycontextconstraints".to_string()][..]));
+        assert_eq!(rules[0].resource_names.as_deref(), Some(&["privileged".to_string()][..]));
+        assert_eq!(rules[0].verbs, ["use"]);
     }
-    for (_, ds) in &m.daemon_sets {
+    for name in WORKLOAD_KUSTOMIZATIONS {
+        let m = load(name);
+        let ds = the_daemon_set(&m);
         let spec = pod_spec(ds);
-        assert_eq!(spec.service_account_name.as_deref(), Some(sa_name), "{}", name(ds));
-        assert_eq!(spec.automount_service_account_token, Some(false), "{}", name(ds));
+        assert_eq!(spec.service_account_name.as_deref(), Some(sa_name), "{name}");
+        assert_eq!(spec.automount_service_account_token, Some(false), "{name}");
     }
 }
 
 #[test]
-fn daemon_sets_are_privileged_on_the_host_root() {
-    let m = load_all();
-    let mut selectors = BTreeSet::new();
-    for (_, ds) in &m.daemon_sets {
-        let n = name(ds);
+fn daemon_sets_are_privileged_node_critical_on_the_host_root() {
+    let mut install_selectors = Vec::new();
+    for kname in WORKLOAD_KUSTOMIZATIONS {
+        let m = load(kname);
+        let ds = the_daemon_set(&m);
+        let n = format!("{kname}: {}", name(ds));
         let spec = pod_spec(ds);
         let c = runner(ds);
         let sc = c.security_context.as_ref().expect("securityContext");
         assert_eq!(sc.privileged, Some(true), "{n}: privileged");
+        assert_eq!(spec.priority_class_name.as_deref(), Some("system-node-critical"), "{n}: never evicted");
         let root = volume_at(spec, c, "/host");
         let hp = root.host_path.as_ref().unwrap_or_else(|| panic!("{n}: /host is a hostPath"));
         assert_eq!(hp.path, "/", "{n}: the node's / at /host");
@@ -363,7 +683,8 @@ fn daemon_sets_are_privileged_on_the_host_root() {
         let tol = spec.tolerations.as_deref().unwrap_or_default();
         assert!(tol.iter().any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()), "{n}: all taints");
         assert_eq!(spec.termination_grace_period_seconds, Some(30), "{n}");
-        let us = ds.spec.update_strategy.as_ref().expect("updateStrategy");
+        let ds_spec = &ds.spec;
+        let us = ds_spec.update_strategy.as_ref().expect("updateStrategy");
         assert_eq!(us.type_.as_deref(), Some("RollingUpdate"));
         let max = us.rolling_update.as_ref().and_then(|r| r.max_unavailable.as_ref());
         assert_eq!(max, Some(&k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)), "{n}");
@@ -372,83 +693,155 @@ fn daemon_sets_are_privileged_on_the_host_root() {
         assert!(res.limits.as_ref().is_some_and(|l| l.contains_key("memory")), "{n}");
         assert!(c.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).is_some(), "{n}: exec readiness probe");
         // The pod selector matches the template's labels.
-        let labels = ds.spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
-        for (k, v) in ds.spec.selector.match_labels.iter().flatten() {
+        let labels = ds_spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+        for (k, v) in ds_spec.selector.match_labels.iter().flatten() {
             assert_eq!(labels.get(k), Some(v), "{n}: selector {k}");
         }
-        selectors.insert(format!("{:?}", spec.node_selector.as_ref().expect("nodeSelector")));
+        let selector = spec.node_selector.clone().expect("nodeSelector");
+        assert_eq!(selector.get("kubernetes.io/os").map(String::as_str), Some("linux"), "{n}: Linux nodes");
+        if *kname != "uninstall" {
+            install_selectors.push(selector);
+        } else {
+            // The uninstall reaches every node an install reached (and nodes since
+            // relabelled): its selector is a subset of each install's.
+            for s in &install_selectors {
+                assert!(selector.iter().all(|(k, v)| s.get(k) == Some(v)), "{n}: {selector:?} within {s:?}");
+            }
+        }
     }
-    assert_eq!(selectors.len(), 1, "install and uninstall select the same nodes: {selectors:?}");
 }
 
 #[test]
-fn install_daemon_set() {
-    let m = load_all();
-    let ds = daemon_set(&m, "daemonset.yaml");
+fn openshift_overlay_selects_kata_oc_nodes_under_the_privileged_scc() {
+    let m = load("openshift");
+    let ds = the_daemon_set(&m);
     let spec = pod_spec(ds);
-    let c = runner(ds);
-    let args = argv(c);
-    let env = env_map(c);
-    assert_eq!(env.get("ADDON_ACTION").map(String::as_str), Some("install"));
-    assert_eq!(flag_value(&args, "--log-format"), Some("json"));
-    // A rollout spreads its first pulls (issue 13): an explicit start-up jitter, not 0.
-    let jitter: f64 = flag_value(&args, "--start-jitter").expect("--start-jitter").parse().expect("seconds");
-    assert!(jitter > 0.0 && jitter <= 60.0, "--start-jitter {jitter}");
-
-    // The ConfigMap of configmap.yaml, mounted where --configmap-dir points.
-    let dir = flag_value(&args, "--configmap-dir").expect("--configmap-dir");
-    let cm_vol = volume_at(spec, c, dir).config_map.as_ref().expect("--configmap-dir is a ConfigMap volume");
-    assert_eq!(Some(cm_vol.name.as_str()), the_config_map(&m).metadata.name.as_deref());
-    assert_ne!(cm_vol.optional, Some(true), "without the ConfigMap there is nothing to install");
-
-    // The optional pull secret as config.json, found through REGISTRY_AUTH_FILE (or --auth-file).
-    let auth =
-        flag_value(&args, "--auth-file").or(env.get("REGISTRY_AUTH_FILE").map(String::as_str)).expect("auth file");
-    let (dir, file) = auth.rsplit_once('/').expect("absolute");
-    let secret = volume_at(spec, c, dir).secret.as_ref().expect("the auth file is on a Secret volume");
-    assert_eq!(secret.secret_name.as_deref(), Some(PULL_SECRET));
-    assert_eq!(secret.optional, Some(true), "public images need no pull secret");
-    let items = secret.items.as_deref().unwrap_or_default();
-    assert!(items.iter().any(|i| i.key == ".dockerconfigjson" && i.path == file), "{items:?}");
-
-    // The node's registry configuration (registries.conf(.d), certs.d, CA bundle, kubelet
-    // pull secret) is read beneath --root, the node's root filesystem: no flag overrides it
-    // and no extra mount carries it.
-    assert_eq!(flag_value(&args, "--root"), Some("/host"));
-    let root = volume_at(spec, c, "/host");
-    assert!(root.host_path.as_ref().is_some_and(|h| h.path == "/"), "--root is the node's root filesystem");
-    for flag in ["--registries-conf", "--registries-conf-dir", "--cert-dir", "--auth-file"] {
-        assert!(flag_value(&args, flag).is_none(), "{flag} would replace the node's own files");
+    let selector = spec.node_selector.clone().expect("nodeSelector");
+    assert_eq!(selector.get(KATA_OC_LABEL.0).map(String::as_str), Some(KATA_OC_LABEL.1), "{selector:?}");
+    assert!(!selector.contains_key(KATA_DEPLOY_LABEL.0), "{selector:?}");
+    for (what, ds) in [("install", ds), ("uninstall", the_daemon_set(&load("uninstall")))] {
+        let ann = ds.spec.template.metadata.as_ref().and_then(|m| m.annotations.clone());
+        assert_eq!(
+            ann.unwrap_or_default().get("openshift.io/required-scc").map(String::as_str),
+            Some("privileged"),
+            "{what}: the pod pins the SCC it is granted"
+        );
     }
-    for v in spec.volumes.as_deref().unwrap_or_default() {
-        if let Some(h) = &v.host_path {
-            assert_eq!(h.path, "/", "volume {}: node files come through --root, not extra mounts", v.name);
+    let role = &m.roles[0];
+    assert!(role.rules.iter().flatten().any(|r| r.resource_names.iter().flatten().any(|n| n == "privileged")));
+}
+
+#[test]
+fn upstream_overlay_selects_kata_deploy_nodes_and_its_layout() {
+    let m = load("upstream");
+    let ds = the_daemon_set(&m);
+    let spec = pod_spec(ds);
+    let selector = spec.node_selector.clone().expect("nodeSelector");
+    assert_eq!(selector.get(KATA_DEPLOY_LABEL.0).map(String::as_str), Some(KATA_DEPLOY_LABEL.1), "{selector:?}");
+    assert!(!selector.contains_key(KATA_OC_LABEL.0), "{selector:?}");
+    let ann = ds.spec.template.metadata.as_ref().and_then(|m| m.annotations.clone());
+    assert!(ann.unwrap_or_default().is_empty(), "no OpenShift annotations upstream");
+    // kata-deploy's layout beneath /opt/kata, passed to the runner (the host's / is mounted).
+    let args = argv(runner(ds));
+    assert_eq!(flag_value(&args, "--kata-prefix"), Some("/opt/kata"), "{args:?}");
+    let cli = check_cli("upstream install", &args);
+    let Command::Daemon { layout, .. } = &cli.command else { panic!("daemon") };
+    assert_eq!(layout.kata_prefix, "/opt/kata");
+    // The namespace (absent upstream) admits privileged pods.
+    assert_eq!(m.namespaces.len(), 1);
+    let ns = &m.namespaces[0];
+    assert_eq!(ns.metadata.name.as_deref(), Some(NAMESPACE));
+    let labels = ns.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("pod-security.kubernetes.io/enforce").map(String::as_str), Some("privileged"));
+    // The only difference from the OpenShift install: selection, annotation, arguments.
+    let os = load("openshift");
+    let mut a = serde_json::to_value(the_daemon_set(&os)).expect("json");
+    let mut b = serde_json::to_value(ds).expect("json");
+    for v in [&mut a, &mut b] {
+        let t = &mut v["spec"]["template"];
+        t["spec"]["nodeSelector"] = Value::Null;
+        t["metadata"]["annotations"] = Value::Null;
+        t["spec"]["containers"][0]["args"] = Value::Null;
+    }
+    assert_eq!(a, b, "openshift and upstream installs differ elsewhere");
+}
+
+#[test]
+fn install_daemon_sets() {
+    for m in installs() {
+        let n = m.name.clone();
+        let ds = the_daemon_set(&m);
+        let spec = pod_spec(ds);
+        let c = runner(ds);
+        let args = argv(c);
+        let env = env_map(c);
+        assert_eq!(env.get("ADDON_ACTION").map(String::as_str), Some("install"), "{n}");
+        assert_eq!(flag_value(&args, "--log-format"), Some("json"), "{n}");
+        // A rollout spreads its first pulls (issue 13): an explicit start-up jitter, not 0.
+        let jitter: f64 = flag_value(&args, "--start-jitter").expect("--start-jitter").parse().expect("seconds");
+        assert!(jitter > 0.0 && jitter <= 60.0, "{n}: --start-jitter {jitter}");
+        // Drift repair: a periodic resync (not 0 = never).
+        let resync: f64 = flag_value(&args, "--resync").expect("--resync").parse().expect("seconds");
+        assert!(resync >= 60.0, "{n}: --resync {resync}");
+
+        // The ConfigMap of base/configmap.yaml, mounted where --configmap-dir points.
+        let dir = flag_value(&args, "--configmap-dir").expect("--configmap-dir");
+        let cm_vol = volume_at(spec, c, dir).config_map.as_ref().expect("--configmap-dir is a ConfigMap volume");
+        assert_eq!(Some(cm_vol.name.as_str()), the_config_map(&m).metadata.name.as_deref());
+        assert_ne!(cm_vol.optional, Some(true), "without the ConfigMap there is nothing to install");
+
+        // The optional pull secret as config.json, found through REGISTRY_AUTH_FILE.
+        let auth =
+            flag_value(&args, "--auth-file").or(env.get("REGISTRY_AUTH_FILE").map(String::as_str)).expect("auth file");
+        let (dir, file) = auth.rsplit_once('/').expect("absolute");
+        let secret = volume_at(spec, c, dir).secret.as_ref().expect("the auth file is on a Secret volume");
+        assert_eq!(secret.secret_name.as_deref(), Some(PULL_SECRET));
+        assert_eq!(secret.optional, Some(true), "public images need no pull secret");
+        let items = secret.items.as_deref().unwrap_or_default();
+        assert!(items.iter().any(|i| i.key == ".dockerconfigjson" && i.path == file), "{items:?}");
+
+        // The node's registry configuration (registries.conf(.d), certs.d, CA bundle,
+        // kubelet pull secret) is read beneath --root, the node's root filesystem: no flag
+        // overrides it and no extra mount carries it.
+        let root = volume_at(spec, c, "/host");
+        assert!(root.host_path.as_ref().is_some_and(|h| h.path == "/"), "--root is the node's root filesystem");
+        for flag in ["--registries-conf", "--registries-conf-dir", "--cert-dir", "--auth-file"] {
+            assert!(flag_value(&args, flag).is_none(), "{n}: {flag} would replace the node's own files");
         }
+        for v in spec.volumes.as_deref().unwrap_or_default() {
+            if let Some(h) = &v.host_path {
+                assert_eq!(h.path, "/", "{n}: volume {}: node files come through --root, not extra mounts", v.name);
+            }
+        }
+
+        // The policy cache on an emptyDir.
+        let cache = flag_value(&args, "--cache-dir").expect("--cache-dir");
+        assert!(volume_at(spec, c, cache).empty_dir.is_some(), "--cache-dir is an emptyDir");
+
+        // Ready = `status` says installed and not drifted.
+        let probe =
+            c.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone()).expect("probe");
+        assert_eq!(&probe[..4], ["kata-addons", "status", "--root", "/host"]);
+        let timeout = c.readiness_probe.as_ref().and_then(|p| p.timeout_seconds).unwrap_or(1);
+        let lock: i32 =
+            flag_value(&probe, "--lock-timeout").expect("probe bounds its lock wait").parse().expect("number");
+        assert!(lock < timeout, "the probe's --lock-timeout {lock} is below its timeoutSeconds {timeout}");
     }
-
-    // The policy cache on an emptyDir.
-    let cache = flag_value(&args, "--cache-dir").expect("--cache-dir");
-    assert!(volume_at(spec, c, cache).empty_dir.is_some(), "--cache-dir is an emptyDir");
-
-    // Ready = `status` says installed and not drifted.
-    let probe =
-        c.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone()).expect("probe");
-    assert_eq!(&probe[..4], ["kata-addons", "status", "--root", "/host"]);
-    let timeout = c.readiness_probe.as_ref().and_then(|p| p.timeout_seconds).unwrap_or(1);
-    let lock: i32 = flag_value(&probe, "--lock-timeout").expect("probe bounds its lock wait").parse().expect("number");
-    assert!(lock < timeout, "the probe's --lock-timeout {lock} is below its timeoutSeconds {timeout}");
 }
 
 #[test]
 fn uninstall_daemon_set() {
-    let m = load_all();
-    let ds = daemon_set(&m, "uninstall/daemonset-uninstall.yaml");
-    let install = daemon_set(&m, "daemonset.yaml");
-    assert_ne!(name(ds), name(install));
-    assert_ne!(ds.spec.selector, install.spec.selector, "the two DaemonSets must not select each other's pods");
+    let m = load("uninstall");
+    let ds = the_daemon_set(&m);
+    for install in installs() {
+        let install = the_daemon_set(&install);
+        assert_ne!(name(ds), name(install));
+        assert_ne!(ds.spec.selector, install.spec.selector, "the two DaemonSets must not select each other's pods");
+        assert_eq!(runner(ds).image, runner(install).image);
+    }
     let c = runner(ds);
     assert_eq!(env_map(c).get("ADDON_ACTION").map(String::as_str), Some("uninstall"));
-    assert_eq!(c.image, runner(install).image);
+    assert!(c.env_from.is_none(), "an uninstall reaches no registry: no proxy");
     // Ready = the ready file exists (`status` exits 3 when nothing is installed).
     let args = argv(c);
     let ready = flag_value(&args, "--ready-file").expect("--ready-file");
@@ -459,9 +852,10 @@ fn uninstall_daemon_set() {
 
 #[test]
 fn every_flag_and_env_var_exists_in_the_cli() {
-    let m = load_all();
-    for (path, ds) in &m.daemon_sets {
-        let what = format!("{} container", path.display());
+    for kname in WORKLOAD_KUSTOMIZATIONS {
+        let m = load(kname);
+        let ds = the_daemon_set(&m);
+        let what = format!("{kname} container");
         let c = runner(ds);
         let cli = check_cli(&what, &argv(c));
         let Command::Daemon { node, .. } = &cli.command else { panic!("{what}: not `daemon`") };
@@ -484,6 +878,93 @@ fn every_flag_and_env_var_exists_in_the_cli() {
 }
 
 #[test]
+fn cluster_proxy_comes_from_an_optional_configmap_the_runner_reads() {
+    for m in installs() {
+        let c = runner(the_daemon_set(&m));
+        let from = c.env_from.as_deref().unwrap_or_default();
+        assert_eq!(from.len(), 1, "{}: envFrom the proxy ConfigMap", m.name);
+        let cm = from[0].config_map_ref.as_ref().expect("configMapRef");
+        assert_eq!((cm.name.as_str(), cm.optional), (PROXY_CONFIGMAP, Some(true)), "{}", m.name);
+        assert!(m.config_maps.iter().all(|c| c.metadata.name.as_deref() != Some(PROXY_CONFIGMAP)), "not shipped");
+    }
+    // The documented source: OpenShift's proxy/cluster status, one key per variable.
+    let readme = read(&deploy_dir().join("README.md"));
+    for (key, field) in [("HTTP_PROXY", "httpProxy"), ("HTTPS_PROXY", "httpsProxy"), ("NO_PROXY", "noProxy")] {
+        let line = format!("--from-literal={key}=\"$(oc get proxy/cluster -o jsonpath='{{.status.{field}}}')\"");
+        assert!(readme.contains(&line), "host/deploy/README.md fills {key} from proxy/cluster: {line}");
+    }
+    assert!(readme.contains(&format!("create configmap {PROXY_CONFIGMAP}")));
+    assert!(readme.contains("rollout restart daemonset/kata-addons"), "env changes need a restart");
+    // The runner reads exactly these keys, with OpenShift's values as proxy/cluster reports
+    // them (noProxy: the cluster's networks, `.cluster.local`, `.svc`, localhost, ...).
+    let vars: BTreeMap<&str, &str> = BTreeMap::from([
+        ("HTTP_PROXY", "http://proxy.example.com:3128"),
+        ("HTTPS_PROXY", "http://proxy.example.com:3128"),
+        (
+            "NO_PROXY",
+            ".cluster.local,.svc,10.0.0.0/16,10.128.0.0/14,127.0.0.1,172.30.0.0/16,api-int.ocp.example.com,localhost,mirror.example.com",
+        ),
+    ]);
+    assert_eq!(vars.keys().copied().collect::<Vec<_>>(), {
+        let mut k = PROXY_ENV.to_vec();
+        k.sort();
+        k
+    });
+    let p = kata_addons::source::proxy::ProxyEnv::from_vars(&|n| vars.get(n).map(|v| v.to_string())).expect("valid");
+    let via = |u: &str| p.proxy_for(&u.parse().expect("url")).map(|u| u.to_string());
+    assert_eq!(via("https://quay.io/v2/").as_deref(), Some("http://proxy.example.com:3128/"));
+    assert_eq!(via("https://image-registry.openshift-image-registry.svc:5000/v2/"), None);
+    assert_eq!(via("https://mirror.example.com/v2/"), None, "a mirror listed in noProxy is reached directly");
+    assert_eq!(via("http://127.0.0.1:5000/v2/"), None);
+}
+
+#[test]
+fn runner_image_is_pinned_to_the_crate_version() {
+    let version = version();
+    let pinned = format!("{RUNNER_IMAGE}:{version}");
+    // Every kustomization that names the image pins this version; never `latest`.
+    let mut dirs = Vec::new();
+    kustomization_dirs(&deploy_dir(), &mut dirs);
+    for dir in &dirs {
+        let k = documents(&dir.join("kustomization.yaml")).remove(0);
+        for i in k["images"].as_array().into_iter().flatten() {
+            assert_eq!(i["name"], RUNNER_IMAGE, "{}", dir.display());
+            assert_eq!(i["newTag"].as_str(), Some(version.as_str()), "{}: newTag", dir.display());
+        }
+    }
+    // The built containers, and the raw manifests (applied without kustomize too).
+    for name in WORKLOAD_KUSTOMIZATIONS.iter().chain(&["webhook/openshift", "webhook/cert-manager"]) {
+        let built = build(&deploy_dir().join(name));
+        let k = documents(&deploy_dir().join(name).join("kustomization.yaml")).remove(0);
+        let ks_images = k["images"].as_array().map(Vec::len).unwrap_or(0);
+        assert!(ks_images == 1 || name.starts_with("webhook/"), "{name}: pins the image in its own `images`");
+        let mut seen = 0;
+        for mut d in built.docs {
+            for c in pod_containers(&mut d) {
+                assert_eq!(c["image"], pinned.as_str(), "{name}");
+                assert_eq!(c["imagePullPolicy"], "IfNotPresent", "{name}: a pinned tag makes IfNotPresent safe");
+                seen += 1;
+            }
+        }
+        assert!(seen >= 1, "{name}");
+    }
+    let mut files = Vec::new();
+    yaml_files(&deploy_dir(), &mut files);
+    for f in files {
+        for (i, line) in read(&f).lines().enumerate() {
+            if let Some(image) = line.trim().strip_prefix("image: ") {
+                assert_eq!(image, pinned, "{}:{}", f.display(), i + 1);
+            }
+        }
+    }
+    // The MachineConfig unit and the Containerfile's build command: the same tag.
+    let unit = read(&deploy_dir().join("machineconfig/kata-addons-install.service"));
+    assert!(unit.contains(&format!(" {pinned} ")), "the MachineConfig unit runs {pinned}");
+    let containerfile = read(&deploy_dir().join("Containerfile"));
+    assert!(containerfile.contains(&format!("-t {pinned} .")), "the Containerfile builds {pinned}");
+}
+
+#[test]
 fn containerfile_default_command_parses() {
     let text = read(&deploy_dir().join("Containerfile"));
     let exec_form = |instr: &str| -> Vec<String> {
@@ -502,45 +983,66 @@ fn containerfile_default_command_parses() {
     assert!(text.contains("wasm32-wasip2") && text.contains("-p kata-addons"));
 }
 
-#[test]
-fn kustomizations_list_existing_files_and_every_manifest() {
-    let m = load_all();
-    let images: BTreeSet<String> = m
-        .daemon_sets
-        .iter()
-        .map(|(_, ds)| runner(ds).image.clone().expect("image"))
-        .map(|i| i.rsplit_once(':').map_or(i.clone(), |(n, _)| n.to_string()))
-        .collect();
-    let mut files = Vec::new();
-    yaml_files(&deploy_dir(), &mut files);
-    let kustomizations: Vec<&PathBuf> = files.iter().filter(|p| is_kustomization(p)).collect();
-    assert_eq!(kustomizations.len(), 2, "install and uninstall");
-    let mut listed = BTreeSet::new();
-    for k in kustomizations {
-        let dir = k.parent().expect("dir");
-        let doc = documents(k).remove(0);
-        assert_eq!(doc["kind"], "Kustomization");
-        assert_eq!(doc["namespace"], NAMESPACE);
-        for field in ["resources", "components"] {
-            for r in doc[field].as_array().into_iter().flatten() {
-                let r = r.as_str().expect("path");
-                assert!(
-                    !r.starts_with(".."),
-                    "{}: {r}: kustomize loads nothing from outside its directory",
-                    k.display()
-                );
-                let p = dir.join(r);
-                assert!(p.exists(), "{}: {r} does not exist", k.display());
-                listed.insert(p.canonicalize().expect("canonical"));
-            }
+/// Every YAML file under `dir`, except the MachineConfig tree (no kustomization:
+/// tests/tests/machineconfig.rs checks it).
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> =
+        std::fs::read_dir(dir).expect("deploy dir").map(|e| e.expect("dir entry").path()).collect();
+    entries.sort();
+    for p in entries {
+        if p == deploy_dir().join("machineconfig") {
+            continue;
         }
-        for i in doc["images"].as_array().into_iter().flatten() {
-            let n = i["name"].as_str().expect("image name");
-            assert!(images.contains(n), "{}: image {n} is not used by the DaemonSets ({images:?})", k.display());
+        if p.is_dir() {
+            yaml_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(p);
         }
     }
-    for f in files.iter().filter(|p| !is_kustomization(p)) {
-        assert!(listed.contains(&f.canonicalize().expect("canonical")), "{} is in no kustomization", f.display());
+}
+
+fn is_kustomization(p: &Path) -> bool {
+    p.file_name().is_some_and(|n| n == "kustomization.yaml" || n == "kustomization.yml")
+}
+
+/// Directories under `dir` holding a kustomization.
+fn kustomization_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut files = Vec::new();
+    yaml_files(dir, &mut files);
+    out.extend(files.iter().filter(|p| is_kustomization(p)).filter_map(|p| p.parent().map(Path::to_path_buf)));
+}
+
+#[test]
+fn kustomizations_use_every_manifest_and_overlays_are_siblings_of_their_base() {
+    let mut dirs = Vec::new();
+    kustomization_dirs(&deploy_dir(), &mut dirs);
+    let rel: BTreeSet<String> =
+        dirs.iter().map(|d| d.strip_prefix(deploy_dir()).expect("under deploy").display().to_string()).collect();
+    let want: BTreeSet<String> =
+        ["base", "openshift", "upstream", "uninstall", "webhook/base", "webhook/openshift", "webhook/cert-manager"]
+            .map(String::from)
+            .into();
+    assert_eq!(rel, want, "the kustomizations under host/deploy");
+    let mut used = BTreeSet::new();
+    for d in &dirs {
+        let b = build(d);
+        for doc in &b.docs {
+            if !CLUSTER_SCOPED.contains(&doc["kind"].as_str().unwrap_or_default()) {
+                assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{}: {}", d.display(), doc["metadata"]["name"]);
+            }
+        }
+        used.extend(b.files);
+        let k = documents(&d.join("kustomization.yaml")).remove(0);
+        for r in k["resources"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+            if d.join(r).is_dir() {
+                assert_eq!(r, "../base", "{}: overlays build on their sibling base", d.display());
+            }
+        }
+    }
+    let mut files = Vec::new();
+    yaml_files(&deploy_dir(), &mut files);
+    for f in files {
+        assert!(used.contains(&canonical(&f)), "{} is in no kustomization", f.display());
     }
 }
 
@@ -566,8 +1068,29 @@ fn readme_commands_parse() {
     for name in POLICY_ENV.iter().chain(RUNNER_ENV) {
         assert!(text.contains(name), "README names {name}");
     }
+    // Every `apply -k` / `delete -k` in both READMEs names a kustomization, and each
+    // workload kustomization has its apply command.
+    let top = read(&deploy_dir().join("../../README.md"));
+    let mut applied = BTreeSet::new();
+    for (file, t) in [("host/deploy/README.md", &text), ("README.md", &top)] {
+        for w in t.split("-k ").skip(1) {
+            let dir: String = w.chars().take_while(|c| !c.is_whitespace() && *c != '`' && *c != ')').collect();
+            let Some(sub) = dir.strip_prefix("host/deploy/") else {
+                panic!("{file}: `-k {dir}` is not a path under host/deploy")
+            };
+            let sub = sub.trim_end_matches('/');
+            assert!(
+                deploy_dir().join(sub).join("kustomization.yaml").is_file(),
+                "{file}: -k {dir}: no kustomization there"
+            );
+            assert!(!sub.ends_with("base"), "{file}: a base is not applied alone: {dir}");
+            applied.insert(sub.to_string());
+        }
+    }
+    for k in WORKLOAD_KUSTOMIZATIONS {
+        assert!(applied.contains(*k), "the READMEs show how to apply host/deploy/{k}");
+    }
 }
-
 // ---------------------------------------------------------------------------------------
 // The admission webhook: host/deploy/webhook/{base,openshift,cert-manager}.
 
@@ -680,8 +1203,7 @@ fn webhook_deployment_is_unprivileged_and_its_flags_exist() {
     assert_eq!(sc.run_as_non_root, Some(true));
     assert_eq!(sc.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_string()]));
     // The same runner image as the DaemonSet.
-    let m = load_all();
-    assert_eq!(c.image, runner(daemon_set(&m, "daemonset.yaml")).image);
+    assert_eq!(c.image, runner(the_daemon_set(&load("openshift"))).image);
     // Every flag exists and parses.
     let args = argv(c);
     let cli = check_cli("webhook container", &args);
@@ -888,5 +1410,37 @@ fn webhook_overlays_render_with_kubectl_kustomize() {
             "cert-manager.io/inject-ca-from"
         };
         assert!(annotation(&vals, "ValidatingWebhookConfiguration", key).is_some(), "{name}: {key}");
+    }
+}
+
+/// With kubectl on PATH, this file's build of every kustomization is what
+/// `kubectl kustomize` renders (objects compared as sets, by kind and name).
+#[test]
+fn builds_match_kubectl_kustomize_when_installed() {
+    if std::process::Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+        eprintln!(
+            "kubectl not installed: the build here is checked by the_build_applies_patches_as_kustomize_does only"
+        );
+        return;
+    }
+    let mut dirs = Vec::new();
+    kustomization_dirs(&deploy_dir(), &mut dirs);
+    for dir in dirs {
+        let out = std::process::Command::new("kubectl").arg("kustomize").arg(&dir).output().expect("kubectl kustomize");
+        assert!(out.status.success(), "{}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).expect("utf-8");
+        let key = |v: &Value| format!("{}/{}/{}", v["apiVersion"], v["kind"], v["metadata"]["name"]);
+        let theirs: BTreeMap<String, Value> = serde_norway::Deserializer::from_str(&text)
+            .map(|d| Value::deserialize(d).expect("YAML"))
+            .filter(|v| !v.is_null())
+            .map(|v| (key(&v), v))
+            .collect();
+        let ours: BTreeMap<String, Value> = build(&dir).docs.into_iter().map(|v| (key(&v), v)).collect();
+        assert_eq!(ours.keys().collect::<Vec<_>>(), theirs.keys().collect::<Vec<_>>(), "{}", dir.display());
+        for (k, v) in &ours {
+            if let Some(d) = first_difference(k, &theirs[k], v) {
+                panic!("{}: this build differs from kubectl kustomize at {d}", dir.display());
+            }
+        }
     }
 }

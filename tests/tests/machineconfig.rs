@@ -41,6 +41,10 @@ fn unit_passes_systemd_analyze_verify() {
         "the unit runs `kata-addons install --configmap {CONFIG_PATH}`: {exec}"
     );
     assert!(!exec.contains(":latest"), "the runner image is pinned by version: {exec}");
+    // The cluster proxy as the machine-config operator writes it for CRI-O (optional file),
+    // passed on by podman (its default --http-proxy=true) to the runner, which reads it.
+    assert!(unit.contains("\nEnvironmentFile=-/etc/mco/proxy.env\n"), "{unit}");
+    assert!(!exec.contains("--http-proxy=false"), "{exec}");
     let image = exec.split_whitespace().find(|w| w.starts_with("quay.io/")).expect("runner image");
     let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
     assert!(tag.split('.').count() == 3 && tag.split('.').all(|p| p.parse::<u32>().is_ok()), "version tag: {image}");

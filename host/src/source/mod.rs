@@ -9,6 +9,7 @@ pub mod certs;
 pub mod endpoints;
 pub mod layout;
 pub mod manifest;
+pub mod proxy;
 pub mod reference;
 pub mod registries_conf;
 pub mod registry;
@@ -171,6 +172,8 @@ pub struct RegistryOptions {
     pub limits: Limits,
     /// Image trust policy files (policy.json, registries.d).
     pub trust: crate::trust::TrustOptions,
+    /// HTTP(S) proxy from `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` (default: none).
+    pub proxy: proxy::ProxyEnv,
 }
 
 impl Default for RegistryOptions {
@@ -182,6 +185,7 @@ impl Default for RegistryOptions {
             retry: retry::RetryPolicy::default(),
             limits: Limits::default(),
             trust: crate::trust::TrustOptions::default(),
+            proxy: proxy::ProxyEnv::default(),
         }
     }
 }
@@ -195,6 +199,12 @@ impl RegistryOptions {
         };
         if args.timeout == 0 {
             bail!("--timeout must be at least 1 second");
+        }
+        let proxy = proxy::ProxyEnv::from_env()?;
+        if proxy.is_set() {
+            tracing::info!(proxy = %proxy, "registry proxy from the environment");
+        } else {
+            tracing::debug!(proxy = %proxy, "registry proxy from the environment");
         }
         Ok(RegistryOptions {
             node: endpoints::NodeFiles {
@@ -218,6 +228,7 @@ impl RegistryOptions {
                 registries_d: args.registries_d.clone(),
                 root: None,
             },
+            proxy,
         })
     }
 }

@@ -42,6 +42,7 @@ fn build_client(opts: &RegistryOptions, tls: &HostTls, skip_verify: bool, what: 
         .connect_timeout(opts.timeout)
         .redirect(reqwest::redirect::Policy::limited(5))
         .user_agent(concat!("kata-addons/", env!("CARGO_PKG_VERSION")));
+    b = opts.proxy.apply(b);
     if skip_verify {
         b = b.tls_danger_accept_invalid_certs(true);
     } else if !tls.roots.is_empty() {
@@ -143,6 +144,16 @@ impl Session {
         let host = api_host(&endpoint.host);
         let verified = build_client(opts, tls, endpoint.insecure, &what)?;
         let https = format!("https://{host}");
+        if opts.proxy.is_set() {
+            let route = |base: &str| {
+                reqwest::Url::parse(base).map_or_else(|e| format!("unknown ({e})"), |u| opts.proxy.route(&u))
+            };
+            if endpoint.insecure {
+                tracing::info!("{what}: HTTPS {}, plain HTTP {}", route(&https), route(&format!("http://{host}")));
+            } else {
+                tracing::info!("{what}: {}", route(&https));
+            }
+        }
         let (http, base, (status, challenge)) = if endpoint.insecure {
             // containers/image: an insecure registry is pinged over HTTPS without
             // verification once, then over plain HTTP.
