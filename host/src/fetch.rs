@@ -88,6 +88,9 @@ pub struct Connections {
     trusted: std::sync::Mutex<HashMap<String, crate::trust::TrustRecord>>,
     /// The last trust decision made through these connections.
     last_trust: std::sync::Mutex<Option<crate::trust::TrustRecord>>,
+    /// Manifests already resolved, by endpoint and reference: one pull reads each manifest
+    /// once, and a tag that moves between resolving and fetching cannot mix two images.
+    resolved: std::sync::Mutex<HashMap<String, ResolvedImage>>,
 }
 
 impl Connections {
@@ -126,6 +129,20 @@ impl Connections {
             m.insert(key, client.clone());
         }
         Ok(client)
+    }
+
+    /// Resolves `tag`/`digest` through `client`, once per endpoint and reference.
+    async fn resolve(&self, client: &RegistryClient, tag: Option<&str>, digest: Option<&str>) -> Result<ResolvedImage> {
+        let ep = client.endpoint();
+        let key = format!("{}|{}|{}|{tag:?}|{digest:?}", ep.host, ep.repository, ep.insecure);
+        if let Some(r) = self.resolved.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(r);
+        }
+        let r = client.resolve(tag, digest).await?;
+        if let Ok(mut m) = self.resolved.lock() {
+            m.insert(key, r.clone());
+        }
+        Ok(r)
     }
 
     /// The last image trust decision made through these connections.
@@ -179,7 +196,7 @@ where
                 }
                 let attempt = async {
                     let client = conns.client(opts, &ep).await?;
-                    let resolved = client.resolve(tag.as_deref(), digest.as_deref()).await?;
+                    let resolved = conns.resolve(&client, tag.as_deref(), digest.as_deref()).await?;
                     conns.check_trust(opts, image, &resolved, crate::trust::Origin::Registry(&client)).await?;
                     f(Source::Registry(client), resolved).await
                 }

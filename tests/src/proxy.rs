@@ -218,6 +218,13 @@ async fn read_head(s: &mut TcpStream) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
             return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof in head"));
         }
         buf.extend_from_slice(&tmp[..n]);
+        // Not HTTP (a TLS ClientHello from a client trying HTTPS first): answer 400 and
+        // close at once, as a plain-HTTP registry (Go's net/http) does.
+        if !buf[0].is_ascii_uppercase() {
+            s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await?;
+            s.shutdown().await?;
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP request"));
+        }
     }
 }
 

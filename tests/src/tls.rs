@@ -22,6 +22,46 @@ fn openssl(dir: &Path, args: &[&str]) {
     assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A new P-256 key `key` and a certificate request `csr` for `subject`, in `dir`.
+fn key_and_csr(dir: &Path, key: &str, csr: &str, subject: &str) {
+    openssl(
+        dir,
+        &["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", csr]
+            .into_iter()
+            .chain(["-subj", subject])
+            .collect::<Vec<_>>(),
+    );
+}
+
+/// Signs `csr` with the CA `ca`/`ca_key` into `out` (2 days), with the extensions in `ext`
+/// (written to `dir/ext.cnf`) and the serial file `serial`.
+fn sign(dir: &Path, csr: &str, ca: &Path, ca_key: &Path, out: &str, ext: &str, serial: &str) {
+    std::fs::write(dir.join("ext.cnf"), ext).expect("ext.cnf");
+    let (ca, ca_key) = (ca.to_str().expect("utf8"), ca_key.to_str().expect("utf8"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-CAserial",
+            serial,
+            "-out",
+            out,
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
 impl TestCa {
     /// Makes a new CA and a server certificate for `IP:127.0.0.1, DNS:localhost`.
     pub fn new() -> Self {
@@ -51,47 +91,15 @@ impl TestCa {
                 "keyUsage=critical,keyCertSign,cRLSign",
             ],
         );
-        openssl(
+        key_and_csr(d, "server.key", "server.csr", "/CN=localhost");
+        sign(
             d,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=localhost",
-            ],
-        );
-        std::fs::write(
-            d.join("ext.cnf"),
+            "server.csr",
+            &d.join("ca.pem"),
+            &d.join("ca.key"),
+            "server.pem",
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
-        )
-        .expect("ext.cnf");
-        openssl(
-            d,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "ext.cnf",
-            ],
+            "ca.srl",
         );
         TestCa {
             ca_cert: d.join("ca.pem"),
@@ -107,47 +115,15 @@ impl TestCa {
         let ca_dir = self.ca_cert.parent().expect("ca dir").to_path_buf();
         let tmp = tempfile::tempdir().expect("client tmp");
         let t = tmp.path();
-        openssl(
+        key_and_csr(t, "client.key", "client.csr", "/CN=kata-addons test client");
+        sign(
             t,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                "client.key",
-                "-out",
-                "client.csr",
-                "-subj",
-                "/CN=kata-addons test client",
-            ],
-        );
-        std::fs::write(t.join("ext.cnf"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n").expect("ext.cnf");
-        let ca = ca_dir.join("ca.pem");
-        let ca_key = ca_dir.join("ca.key");
-        openssl(
-            t,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "client.csr",
-                "-CA",
-                ca.to_str().expect("utf8"),
-                "-CAkey",
-                ca_key.to_str().expect("utf8"),
-                "-CAcreateserial",
-                "-CAserial",
-                "client.srl",
-                "-out",
-                "client.cert",
-                "-days",
-                "2",
-                "-extfile",
-                "ext.cnf",
-            ],
+            "client.csr",
+            &ca_dir.join("ca.pem"),
+            &ca_dir.join("ca.key"),
+            "client.cert",
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+            "client.srl",
         );
         std::fs::create_dir_all(dir).expect("client dir");
         std::fs::copy(t.join("client.cert"), dir.join("client.cert")).expect("copy client.cert");

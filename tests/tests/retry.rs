@@ -233,3 +233,34 @@ fn daemon_start_jitter_waits_before_the_first_pull_and_yields_to_sigterm() {
     let out = run_kata(&["daemon", "--start-jitter", "-1"]);
     assert!(!out.status.success(), "{}", show(&out));
 }
+
+/// What bench/fleet requires of every node: an install reads the manifest once (the
+/// resolution made for the install decision is the one fetched from) and only the layer
+/// holding the file; with `--insecure-registry` the HTTPS attempt against the plain-HTTP
+/// proxy is refused at once, so no request is repeated.
+#[test]
+fn install_reads_the_manifest_once_and_only_the_needed_layer() {
+    let (_reg, proxy) = setup(Rules::default());
+    let node = kata_addons_tests::node::Node::new();
+    let home = tempfile::tempdir().expect("temp HOME");
+    let h = proxy.host();
+    let image = format!("{h}/k:1");
+    let root = node.root().to_str().expect("utf8").to_string();
+    let cache = tempfile::tempdir().expect("cache");
+    let out = std::process::Command::new(kata_addons_tests::kata_addons_bin())
+        .args(["--cache-dir", cache.path().to_str().expect("utf8"), "install", "--root", &root])
+        .args(["--insecure-registry", &h])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("ADDON_IMAGE", &image)
+        .env("ADDON_KERNEL_PATH", "/boot/vmlinuz")
+        .env("ADDON_PROVIDER", "tdx")
+        .output()
+        .expect("run kata-addons");
+    assert!(out.status.success(), "{}", show(&out));
+    let manifests = proxy.requests_matching("/manifests/");
+    assert_eq!(manifests.len(), 1, "manifest requests: {manifests:#?}");
+    let blobs = proxy.requests_matching("/blobs/");
+    assert_eq!(blobs.len(), 1, "blob requests (only the top layer is needed): {blobs:#?}");
+}

@@ -16,6 +16,16 @@ use super::retry::{Failure, RetryBudget, classify_reqwest, status_failure, with_
 use super::session::Session;
 use super::{Descriptor, MAX_MANIFEST_SIZE, RegistryOptions, ResolvedImage};
 
+/// What one manifest GET returned.
+struct ManifestResponse {
+    /// The manifest bytes (at most the cap asked for).
+    body: Vec<u8>,
+    /// `Content-Type` header.
+    content_type: Option<String>,
+    /// `Docker-Content-Digest` header.
+    header_digest: Option<String>,
+}
+
 /// One registry endpoint (source or mirror) with an authenticated session.
 pub struct RegistryClient {
     session: Arc<Session>,
@@ -60,55 +70,11 @@ impl RegistryClient {
         reference: &str,
         expect: Option<&str>,
     ) -> Result<(Vec<u8>, String, Option<String>)> {
-        self.fetch_manifest(reference, expect).await
-    }
-
-    /// Fetches one manifest (by tag or digest), capped and digest-checked.
-    async fn fetch_manifest(&self, reference: &str, expect: Option<&str>) -> Result<(Vec<u8>, String, Option<String>)> {
-        let url = self.session.url(&format!("manifests/{reference}"));
         let name = self.name();
-        let what = format!("registry {name}: manifest {reference}");
-        let (body, content_type, header_digest) = with_retry(self.retries(), self.opts.timeout, &what, || async {
-            let resp = self
-                .session
-                .get(&url)
-                .header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "))
-                .send()
-                .await
-                .map_err(classify_reqwest)?;
-            let status = resp.status();
-            if super::retry::transient_status(status) {
-                return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}")));
-            }
-            match status.as_u16() {
-                200 => {}
-                401 => return Err(Failure::Fatal(self.session.unauthorized())),
-                403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
-                404 => return Err(Failure::Fatal(anyhow!("manifest unknown (HTTP 404)"))),
-                _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
-            }
-            if let Some(len) = resp.content_length()
-                && len > MAX_MANIFEST_SIZE
-            {
-                return Err(Failure::Fatal(anyhow!(
-                    "manifest is {len} bytes, more than the {MAX_MANIFEST_SIZE} byte limit"
-                )));
-            }
-            let ct =
-                resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let hd = resp.headers().get("docker-content-digest").and_then(|v| v.to_str().ok()).map(str::to_string);
-            let mut body = Vec::new();
-            let mut stream = resp.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(classify_reqwest)?;
-                if body.len() as u64 + chunk.len() as u64 > MAX_MANIFEST_SIZE {
-                    return Err(Failure::Fatal(anyhow!("manifest is larger than the {MAX_MANIFEST_SIZE} byte limit")));
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok((body, ct, hd))
-        })
-        .await?;
+        let ManifestResponse { body, content_type, header_digest } = self
+            .get_manifest_body(reference, MAX_MANIFEST_SIZE, false)
+            .await?
+            .ok_or_else(|| anyhow!("registry {name}: manifest {reference}: manifest unknown (HTTP 404)"))?;
         let digest = manifest::sha256_digest(&body);
         if let Some(want) = expect
             && want != digest
@@ -130,7 +96,7 @@ impl RegistryClient {
     pub async fn resolve(&self, tag: Option<&str>, digest: Option<&str>) -> Result<ResolvedImage> {
         let origin = format!("registry {}", self.name());
         let first = digest.or(tag).unwrap_or("latest").to_string();
-        let (mut body, mut dgst, mut ct) = self.fetch_manifest(&first, digest).await?;
+        let (mut body, mut dgst, mut ct) = self.get_manifest(&first, digest).await?;
         let top_digest = dgst.clone();
         for _ in 0..4 {
             let what = format!("{origin} ({first})");
@@ -148,7 +114,7 @@ impl RegistryClient {
                     if d.size > MAX_MANIFEST_SIZE {
                         bail!("{origin}: manifest {} is {} bytes, more than the limit", d.digest, d.size);
                     }
-                    (body, dgst, ct) = self.fetch_manifest(&d.digest, Some(&d.digest)).await?;
+                    (body, dgst, ct) = self.get_manifest(&d.digest, Some(&d.digest)).await?;
                     if body.len() as u64 != d.size {
                         bail!("{origin}: manifest {} is {} bytes, the index says {}", d.digest, body.len(), d.size);
                     }
@@ -166,8 +132,14 @@ impl RegistryClient {
     /// Fetches a manifest by tag when it exists (`None` on HTTP 404), at most `cap` bytes:
     /// sigstore attachments (`sha256-<hex>.sig`).
     pub async fn optional_manifest(&self, tag: &str, cap: u64) -> Result<Option<Vec<u8>>> {
-        let url = self.session.url(&format!("manifests/{tag}"));
-        let what = format!("registry {}: manifest {tag}", self.name());
+        Ok(self.get_manifest_body(tag, cap, true).await?.map(|r| r.body))
+    }
+
+    /// One manifest GET, retried within the budget: at most `cap` bytes; HTTP 404 is `None`
+    /// when `missing_ok`, else an error like every other non-transient status.
+    async fn get_manifest_body(&self, reference: &str, cap: u64, missing_ok: bool) -> Result<Option<ManifestResponse>> {
+        let url = self.session.url(&format!("manifests/{reference}"));
+        let what = format!("registry {}: manifest {reference}", self.name());
         with_retry(self.retries(), self.opts.timeout, &what, || async {
             let resp = self
                 .session
@@ -182,20 +154,29 @@ impl RegistryClient {
             }
             match status.as_u16() {
                 200 => {}
-                404 => return Ok(None),
+                404 if missing_ok => return Ok(None),
                 401 => return Err(Failure::Fatal(self.session.unauthorized())),
+                403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
+                404 => return Err(Failure::Fatal(anyhow!("manifest unknown (HTTP 404)"))),
                 _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
             }
+            if let Some(len) = resp.content_length()
+                && len > cap
+            {
+                return Err(Failure::Fatal(anyhow!("manifest is {len} bytes, more than the {cap} byte limit")));
+            }
+            let header = |h: &str| resp.headers().get(h).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let (content_type, header_digest) = (header("content-type"), header("docker-content-digest"));
             let mut body = Vec::new();
             let mut stream = resp.bytes_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(classify_reqwest)?;
                 if body.len() as u64 + chunk.len() as u64 > cap {
-                    return Err(Failure::Fatal(anyhow!("larger than the {cap} byte limit")));
+                    return Err(Failure::Fatal(anyhow!("manifest is larger than the {cap} byte limit")));
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok(Some(body))
+            Ok(Some(ManifestResponse { body, content_type, header_digest }))
         })
         .await
     }
