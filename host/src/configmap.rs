@@ -260,7 +260,7 @@ pub fn from_env(vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsStri
             continue;
         }
         let Some(value) = v.to_str() else {
-            bail!("environment variable {name} is not valid UTF-8");
+            return Err(invalid(format!("environment variable {name} is not valid UTF-8")));
         };
         out.insert(name.to_string(), KeyValue { name: name.to_string(), value: value.to_string() });
     }
@@ -300,5 +300,15 @@ mod tests {
         ];
         let kv = from_env(vars.into_iter()).expect("env");
         assert_eq!(kv, vec![KeyValue { name: "ADDON_IMAGE".into(), value: "x".into() }]);
+    }
+
+    /// Found by tests/tests/fuzz.rs: an `ADDON_*` value that is not UTF-8 is invalid
+    /// configuration (exit 2), not an operational failure (exit 1).
+    #[test]
+    fn env_value_not_utf8_is_invalid_configuration() {
+        use std::os::unix::ffi::OsStringExt;
+        let vars = vec![("ADDON_IMAGE".into(), std::ffi::OsString::from_vec(b"quay.io/a/b:\xff".to_vec()))];
+        let e = from_env(vars.into_iter()).expect_err("refused");
+        assert!(is_invalid_config(&e), "{e:#}");
     }
 }

@@ -9,6 +9,7 @@
 //! - [`admission`]: an HTTPS client and AdmissionReview bodies for `kata-addons webhook`;
 //! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
+//! - [`hostile`]: a raw tar writer for hostile layers and the catalogue `bench/hostile` measures;
 //! - [`node`]: a throwaway node root with sample Kata configs, snapshots, effective config;
 //! - [`measure`]: run the binary and read its peak RSS and CPU time;
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
@@ -16,6 +17,7 @@
 pub mod admission;
 pub mod fileserver;
 pub mod guests;
+pub mod hostile;
 pub mod image;
 pub mod measure;
 pub mod node;

@@ -269,8 +269,13 @@ impl View<'_> {
     /// The layer limit for the children of directory `p` whose own limit is `limit`:
     /// layers at or after the returned index cannot contribute children of `p`.
     fn child_limit(&self, p: &str, limit: usize) -> usize {
+        self.child_limit_from(p, limit, 0)
+    }
+
+    /// [`View::child_limit`], looking only at the cuts of layers `from` and below.
+    fn child_limit_from(&self, p: &str, limit: usize, from: usize) -> usize {
         let end = limit.min(self.layers.len());
-        for (i, l) in self.layers.iter().enumerate().take(end) {
+        for (i, l) in self.layers.iter().enumerate().take(end).skip(from) {
             if l.cuts_children(p) {
                 return i + 1;
             }
@@ -278,14 +283,16 @@ impl View<'_> {
         limit
     }
 
-    /// The layer limit for the children of a literal directory path (no symlinks).
-    fn dir_limit(&self, dir: &str) -> usize {
-        let mut limit = self.child_limit("", NO_CUT);
+    /// The layer limit for the children of a literal directory path (no symlinks), as
+    /// layers `from` and below make it: what upper layers do to the directory does not
+    /// matter to a hard link made in layer `from`.
+    fn dir_limit_from(&self, dir: &str, from: usize) -> usize {
+        let mut limit = self.child_limit_from("", NO_CUT, from);
         if dir.is_empty() {
             return limit;
         }
         for (i, _) in dir.match_indices('/').chain(std::iter::once((dir.len(), ""))) {
-            limit = self.child_limit(&dir[..i], limit);
+            limit = self.child_limit_from(&dir[..i], limit, from);
         }
         limit
     }
@@ -381,6 +388,10 @@ impl View<'_> {
                         cur.clear();
                         limits.truncate(1);
                     }
+                    if target.ends_with('/') {
+                        // A trailing slash: what the target names must be a directory.
+                        todo.push(".".to_string());
+                    }
                     for t in target.split('/').rev().filter(|t| !t.is_empty()) {
                         todo.push(t.to_string());
                     }
@@ -405,7 +416,7 @@ impl View<'_> {
                 }
             }
         }
-        Resolution::Missing("/ is a directory".to_string())
+        Resolution::Missing(format!("/{} is a directory", cur.join("/")))
     }
 
     fn resolve_hardlink(
@@ -427,7 +438,9 @@ impl View<'_> {
             }
             visited.insert(target.clone());
             let start = if below { layer + 1 } else { layer };
-            let limit = self.dir_limit(parent_of(&target));
+            // The link was made when its layer was applied: later (upper) layers removing
+            // the target's directory do not take the linked file away.
+            let limit = self.dir_limit_from(parent_of(&target), layer);
             match self.lookup(&target, start, limit) {
                 Look::Found(i, Node::File { size }) => {
                     return Resolution::File { layer: i, path: target, size };
@@ -521,6 +534,41 @@ mod tests {
         assert!(matches!(v.resolve("/loop"), Resolution::Missing(m) if m.contains("too many")));
         let v = View { layers: vec![&top], all_read: false };
         assert!(matches!(v.resolve("/boot/vmlinuz"), Resolution::Unknown { frontier } if frontier == "k/vmlinuz-6"));
+    }
+
+    /// Found by tests/tests/fuzz.rs: a symlink whose target ends in `/` names a directory;
+    /// a file there is "not a directory" (as the kernel says), not the file.
+    #[test]
+    fn symlink_with_a_trailing_slash_to_a_file_is_not_a_file() {
+        let l = layer(&[("boot", Node::Dir), ("boot/k", f()), ("boot/vmlinuz", Node::Symlink("k/".into()))], &[]);
+        let v = View { layers: vec![&l], all_read: true };
+        assert!(matches!(v.resolve("/boot/vmlinuz"), Resolution::Missing(m) if m.contains("not a directory")));
+        let l = layer(&[("boot", Node::Dir), ("boot/k", f()), ("boot/vmlinuz", Node::Symlink("/boot//k".into()))], &[]);
+        let v = View { layers: vec![&l], all_read: true };
+        assert!(matches!(v.resolve("/boot/vmlinuz"), Resolution::File { .. }));
+    }
+
+    /// Found by tests/tests/fuzz.rs: a hard link made by a lower layer keeps its file when
+    /// an upper layer removes the directory of the link's target (the link is its own
+    /// directory entry of the same inode).
+    #[test]
+    fn hard_link_survives_its_target_directory_removed_above() {
+        let low = layer(
+            &[
+                ("opt", Node::Dir),
+                ("opt/a", f()),
+                ("usr", Node::Dir),
+                ("usr/b", Node::Hardlink { target: "opt/a".into(), below: false }),
+            ],
+            &[],
+        );
+        let top = layer(&[("x", f())], &[".wh.opt"]);
+        let v = View { layers: vec![&top, &low], all_read: true };
+        assert_eq!(v.resolve("/usr/b"), Resolution::File { layer: 1, path: "opt/a".into(), size: 1 });
+        assert!(matches!(v.resolve("/opt/a"), Resolution::Missing(_)));
+        let top = layer(&[("opt", Node::Dir)], &["opt/.wh..wh..opq"]);
+        let v = View { layers: vec![&top, &low], all_read: true };
+        assert_eq!(v.resolve("/usr/b"), Resolution::File { layer: 1, path: "opt/a".into(), size: 1 });
     }
 
     #[test]

@@ -272,6 +272,11 @@ impl<R: Read> TarStream<R> {
                 }
             }
             let size = pax.size.unwrap_or(header_size);
+            if size.checked_add(padding(size)).is_none() {
+                // Data plus padding past u64::MAX: no stream holds it (and skipping it
+                // would overflow).
+                bail!("malformed tar header (size {size} is out of range)");
+            }
             let kind = if pax.sparse {
                 Kind::Sparse
             } else {
@@ -347,6 +352,30 @@ mod tests {
         assert!(p.sparse);
         assert!(parse_pax(b"99 path=x\n").is_err());
         assert!(parse_pax(b"x path=x\n").is_err());
+    }
+
+    /// Found by tests/tests/fuzz.rs: a PAX `size` of u64::MAX overflowed the skip
+    /// arithmetic (a panic in debug builds, a wrapped skip in release builds).
+    #[test]
+    fn sizes_near_u64_max_are_malformed() {
+        let mut tar = Vec::new();
+        let rec = format!("29 size={}\n", u64::MAX);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::XHeader);
+        h.set_size(rec.len() as u64);
+        h.set_cksum();
+        tar.extend_from_slice(h.as_bytes());
+        tar.extend_from_slice(rec.as_bytes());
+        tar.resize(1024, 0);
+        let mut f = tar::Header::new_gnu();
+        f.set_path("f").expect("path");
+        f.set_size(3);
+        f.set_cksum();
+        tar.extend_from_slice(f.as_bytes());
+        tar.extend_from_slice(&[b'x'; 512]);
+        let mut s = TarStream::new(tar.as_slice());
+        let e = s.next_entry().expect_err("refused");
+        assert!(format!("{e:#}").contains("out of range"), "{e:#}");
     }
 
     #[test]
