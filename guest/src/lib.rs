@@ -16,7 +16,7 @@ mod policy;
 mod reference;
 mod render;
 
-pub use policy::{DEFAULT_KATA_PREFIX, env, plan};
+pub use policy::{DEFAULT_KATA_PREFIX, MAX_VIOLATIONS, env, known_runtime_configs, plan, trimmed};
 pub use render::{HEADER, render};
 
 #[cfg(test)]

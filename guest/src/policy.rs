@@ -149,6 +149,44 @@ pub(crate) fn runtime_configs(info: &ProviderInfo, kata_prefix: &str) -> Vec<Str
     ]
 }
 
+/// Every runtime configuration candidate of every provider, in provider order (`se`,
+/// `tdx`, `snp`), each provider's in [`runtime_configs`] order: where a kata-addons drop-in
+/// can be on a node with kata-deploy at `kata_prefix`. The runner's state-less uninstall
+/// and leftover sweep look here, so layout knowledge stays in this one place.
+pub fn known_runtime_configs(kata_prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in [Provider::Se, Provider::Tdx, Provider::Snp] {
+        out.extend(runtime_configs(&provider_info(p), kata_prefix));
+    }
+    out
+}
+
+/// A value as the policy uses it: trimmed; `None` when empty after trimming (= absent).
+pub fn trimmed(value: &str) -> Option<&str> {
+    let v = value.trim();
+    if v.is_empty() { None } else { Some(v) }
+}
+
+/// Most violations one call returns; the last one then says how many were left out.
+pub const MAX_VIOLATIONS: usize = 64;
+
+/// Caps a violation list at [`MAX_VIOLATIONS`]: the first `MAX_VIOLATIONS - 1` are kept and
+/// one more says how many were left out, so the runner always gets a bounded, readable list.
+pub(crate) fn capped(mut errs: Vec<Violation>) -> Vec<Violation> {
+    if errs.len() <= MAX_VIOLATIONS {
+        return errs;
+    }
+    let more = errs.len() - (MAX_VIOLATIONS - 1);
+    let code = errs[MAX_VIOLATIONS - 1].code;
+    errs.truncate(MAX_VIOLATIONS - 1);
+    errs.push(violation(
+        "(more)",
+        code,
+        format!("\u{2026} and {more} more (at most {MAX_VIOLATIONS} problems are listed: fix these and run again)"),
+    ));
+    errs
+}
+
 fn violation(key: &str, code: Code, message: String) -> Violation {
     Violation { key: String::from(key), code, message }
 }
@@ -180,8 +218,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
                     continue;
                 }
                 seen[i] = true;
-                let v = kv.value.trim();
-                values[i] = if v.is_empty() { None } else { Some(v) };
+                values[i] = trimmed(&kv.value);
             }
             None => {
                 if unknown_seen.contains(&kv.name.as_str()) {
@@ -368,7 +405,7 @@ fn default_version(source: &ImageSource) -> String {
 
 /// ConfigMap data -> fully resolved `ADDON_*` env list (defaults applied, fixed order).
 pub fn env(data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
-    let c = resolve(data, Naming::Data)?;
+    let c = resolve(data, Naming::Data).map_err(capped)?;
     let key = |i: usize| Naming::Env.key(i);
     let mut out = alloc::vec![
         KeyValue::new(key(IMAGE), c.image),
@@ -396,9 +433,9 @@ pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>
         (Ok(c), Ok(())) => c,
         (Err(mut errs), Err(p)) => {
             errs.push(p);
-            return Err(errs);
+            return Err(capped(errs));
         }
-        (Err(errs), Ok(())) => return Err(errs),
+        (Err(errs), Ok(())) => return Err(capped(errs)),
         (Ok(_), Err(p)) => return Err(alloc::vec![p]),
     };
     let info = provider_info(c.provider);

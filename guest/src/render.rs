@@ -195,7 +195,7 @@ pub fn render(
         }
     }
     if !errs.is_empty() {
-        return Err(errs);
+        return Err(crate::policy::capped(errs));
     }
     let [kernel, initrd, image] = paths;
     // `image` and `initrd` are exclusive at runtime, and a drop-in cannot delete keys:

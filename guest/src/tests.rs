@@ -743,3 +743,49 @@ fn render_one_drop_in_per_runtime_config() {
         [("runtime-configs", Code::InvalidPath)]
     );
 }
+
+#[test]
+fn violation_list_is_capped_with_a_count_of_the_rest() {
+    // 100 unknown keys + the two missing ones: 102 problems, 63 listed, one "and 39 more".
+    let names: Vec<String> = (0..100).map(|i| alloc::format!("unknownKey{i:03}")).collect();
+    let data: Vec<KeyValue> = names.iter().map(|n| KeyValue::new(n.as_str(), "x")).collect();
+    let v = env(&data).expect_err("invalid");
+    assert_eq!(v.len(), crate::MAX_VIOLATIONS);
+    assert_eq!(v[0].key, "unknownKey000");
+    let last = &v[crate::MAX_VIOLATIONS - 1];
+    assert_eq!(last.key, "(more)");
+    assert!(last.message.starts_with("\u{2026} and 39 more"), "{}", last.message);
+    // At the cap exactly, nothing is folded.
+    let data: Vec<KeyValue> = names[..62].iter().map(|n| KeyValue::new(n.as_str(), "x")).collect();
+    let v = env(&data).expect_err("invalid");
+    assert_eq!(v.len(), 64);
+    assert!(v.iter().all(|v| v.key != "(more)"));
+    // `plan` caps the same way.
+    let envs: Vec<String> = (0..80).map(|i| alloc::format!("ADDON_X{i}")).collect();
+    let data: Vec<KeyValue> = envs.iter().map(|n| KeyValue::new(n.as_str(), "x")).collect();
+    let v = plan(&data).expect_err("invalid");
+    assert_eq!(v.len(), crate::MAX_VIOLATIONS);
+    assert!(v[63].message.contains("and 19 more"), "{}", v[63].message);
+}
+
+#[test]
+fn known_runtime_configs_cover_every_provider_plan() {
+    for prefix in [crate::DEFAULT_KATA_PREFIX, "/usr/local/kata"] {
+        let known = crate::known_runtime_configs(prefix);
+        assert_eq!(known.len(), 15, "{known:?}");
+        for provider in ["se", "tdx", "snp"] {
+            let e = kv(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", provider), ("ADDON_KERNEL_PATH", "/k")]);
+            let p = crate::plan(&e, &NodeOptions { kata_prefix: prefix.into() }).expect("plan");
+            for rc in &p.runtime_configs {
+                assert!(known.contains(rc), "{provider}: {rc} not in {known:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn trimmed_is_the_policy_rule() {
+    assert_eq!(crate::trimmed("  a b \n"), Some("a b"));
+    assert_eq!(crate::trimmed(" \t\n"), None);
+    assert_eq!(crate::trimmed(""), None);
+}

@@ -213,11 +213,16 @@ pub enum Command {
         #[command(flatten)]
         layout: LayoutArgs,
     },
-    /// Remove exactly what the state records.
+    /// Remove what the state records and every kata-addons drop-in (carrying its header) in
+    /// a known runtime config.d, with the version directories; works without a state.
     Uninstall {
         /// Node location.
         #[command(flatten)]
         node: NodeArgs,
+        /// Where to look for drop-ins besides the state (`--kata-prefix`, `--runtime-config`;
+        /// `--allow-shared-config-d` has no effect: only files carrying kata-addons' header go).
+        #[command(flatten)]
+        layout: LayoutArgs,
     },
     /// Verify the installed files and drop-in against the state (exit 3: none, 4: drifted).
     Status {

@@ -14,7 +14,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::{Action, ConfigArgs, LayoutArgs, NodeArgs, Watch};
 use crate::configmap::Input;
-use crate::install::{self, Outcome, Removed};
+use crate::install::{self, Outcome};
 use crate::policy::Policy;
 use crate::preview;
 use crate::source::RegistryOptions;
@@ -69,13 +69,18 @@ impl Daemon {
                 Some(input)
             }
             Action::Uninstall => {
-                let node = self.node.clone();
-                match tokio::task::spawn_blocking(move || install::uninstall(&node))
+                let (node, layout) = (self.node.clone(), self.layout.clone());
+                let done = tokio::task::spawn_blocking(move || install::uninstall(&node, &layout))
                     .await
-                    .context("uninstall task")??
-                {
-                    Removed::Nothing => tracing::info!("nothing installed; nothing to remove"),
-                    Removed::Removed(st) => tracing::info!(version = %st.version, "uninstalled"),
+                    .context("uninstall task")??;
+                match &done.state {
+                    _ if done.nothing() => tracing::info!("nothing installed; nothing to remove"),
+                    Some(st) => tracing::info!(version = %st.version, "uninstalled"),
+                    None => tracing::info!(
+                        drop_ins = ?done.drop_ins,
+                        dirs = ?done.dirs,
+                        "no state recorded an install; removed what kata-addons had left on the node"
+                    ),
                 }
                 None
             }

@@ -254,6 +254,19 @@ pub async fn fetch_files_with(
     wanted: &[Wanted],
     dest: &Dir,
 ) -> Result<FetchReport> {
+    fetch_files_into(opts, conns, image, wanted, dest, "the destination directory").await
+}
+
+/// [`fetch_files_with`], naming the destination `place` in messages (a refusal for lack of
+/// space names it: each file is checked against the free space when its tar header is read).
+pub async fn fetch_files_into(
+    opts: &RegistryOptions,
+    conns: &Connections,
+    image: &ImageRef,
+    wanted: &[Wanted],
+    dest: &Dir,
+    place: &str,
+) -> Result<FetchReport> {
     if wanted.is_empty() {
         bail!("nothing to fetch: no in-image path given");
     }
@@ -271,7 +284,7 @@ pub async fn fetch_files_with(
     over_endpoints(opts, conns, image, |source, resolved| {
         let paths = paths.clone();
         async move {
-            let temps = TempFiles::new(dest.try_clone().context("duplicate destination handle")?);
+            let temps = TempFiles::new(dest.try_clone().context("duplicate destination handle")?, place);
             let res = extract(opts, &source, &resolved, &paths, wanted, &temps).await;
             temps.cleanup();
             res
@@ -486,6 +499,8 @@ async fn extract(
 fn copy_within(temps: &TempFiles, from: &str, to: &str) -> Result<String> {
     let dir = temps.dir();
     let mut src = dir.open(from).with_context(|| format!("reopen {from} in the destination"))?;
+    let size = src.metadata().with_context(|| format!("inspecting {from} in the destination"))?.len();
+    temps.check_space(to, size)?;
     let (tmp, mut dst) = temps.create()?;
     std::io::copy(&mut src, &mut dst).with_context(|| format!("copy {from} for {to}"))?;
     dst.sync_all().with_context(|| format!("fsync {tmp}"))?;
@@ -525,7 +540,8 @@ pub async fn run_fetch(
         wanted.push(Wanted { path: p.clone(), dest_name: base });
     }
     let conns = Connections::new();
-    let report = fetch_files_with(&opts, &conns, &image, &wanted, &dir).await?;
+    let place = dest.display().to_string();
+    let report = fetch_files_into(&opts, &conns, &image, &wanted, &dir, &place).await?;
     println!("image {image}");
     println!("manifest {}", report.manifest_digest);
     if let Some(t) = conns.trust() {

@@ -24,8 +24,98 @@ use crate::runtime;
 use crate::source::{ImageRef, RegistryOptions};
 use crate::state::{self, DropInRecord, FileRecord, State};
 
-/// Prefix of staging directories inside the install directory.
+/// Prefix of staging directories inside the install directory (`.staging-<pid>`).
 const STAGING_PREFIX: &str = ".staging-";
+
+/// What follows `.<drop-in name>` in a temporary drop-in beside a runtime configuration:
+/// `.50-kata-addons.toml.kata-addons-tmp-<pid>` (without `-<pid>`: the name releases
+/// before this one used, written only under the node lock).
+const TMP_DROP_IN_SUFFIX: &str = ".kata-addons-tmp";
+
+/// Prefix of the state file's temporary name (`node::write_atomic`: `.state.json.tmp-<pid>`).
+fn state_tmp_prefix() -> String {
+    format!(".{}.tmp-", state::STATE_FILE)
+}
+
+/// The temporary name this process stages drop-ins under, beside each `config.d`.
+fn tmp_drop_in_name(drop_in_name: &str) -> String {
+    format!(".{drop_in_name}{TMP_DROP_IN_SUFFIX}-{}", std::process::id())
+}
+
+/// The owner pid of a leftover name's `<pid>` suffix, parsed strictly: decimal digits only,
+/// no sign, no leading zero, 1 to `i32::MAX`. Anything else is not a name this program makes.
+fn owner_pid(suffix: &str) -> Option<i32> {
+    if suffix.is_empty() || suffix.len() > 10 || !suffix.bytes().all(|b| b.is_ascii_digit()) || suffix.starts_with('0')
+    {
+        return None;
+    }
+    suffix.parse::<i32>().ok().filter(|p| *p > 0)
+}
+
+/// Whether the leftover of process `pid` may be removed: this process (which has created
+/// nothing yet when the sweep runs), or a process that no longer exists. A live process'
+/// leftovers are left alone (under the node lock that cannot be another kata-addons run,
+/// but a pid reused by anything else is not guessed about).
+fn owner_gone(pid: i32) -> bool {
+    if u32::try_from(pid).is_ok_and(|p| p == std::process::id()) {
+        return true;
+    }
+    match rustix::process::Pid::from_raw(pid) {
+        Some(p) => rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH),
+        None => false,
+    }
+}
+
+/// Work of one install not committed yet: the staging (then version) directory in the
+/// install directory and the temporary drop-ins beside runtime configurations. Dropping
+/// it removes them, whatever the exit path; [`Uncommitted::keep_dir`] once the state
+/// refers to the directory, [`Uncommitted::committed`] once every drop-in is renamed.
+struct Uncommitted<'a> {
+    /// The install directory.
+    addons: &'a Dir,
+    /// The directory to remove on drop.
+    dir: Option<String>,
+    /// Directories holding a temporary drop-in named `tmp_name`.
+    tmp_in: Vec<&'a Dir>,
+    /// Temporary drop-in name of this process.
+    tmp_name: String,
+}
+
+impl<'a> Uncommitted<'a> {
+    /// Nothing staged yet.
+    fn new(addons: &'a Dir, drop_in_name: &str) -> Self {
+        Uncommitted { addons, dir: None, tmp_in: Vec::new(), tmp_name: tmp_drop_in_name(drop_in_name) }
+    }
+
+    /// The state now refers to the directory: it stays whatever happens next.
+    fn keep_dir(&mut self) {
+        self.dir = None;
+    }
+
+    /// Every staged drop-in was renamed into its `config.d`: nothing is left to undo.
+    fn committed(mut self) {
+        self.dir = None;
+        self.tmp_in.clear();
+    }
+}
+
+impl Drop for Uncommitted<'_> {
+    fn drop(&mut self) {
+        for d in &self.tmp_in {
+            match d.remove_file(&self.tmp_name) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(file = %self.tmp_name, "could not remove a temporary drop-in: {e}"),
+            }
+        }
+        if let Some(dir) = self.dir.take()
+            && let Err(e) = self.addons.remove_dir_all(&dir)
+            && e.kind() != ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir, "could not remove an uncommitted directory: {e}");
+        }
+    }
+}
 
 /// What `install` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,18 +223,15 @@ fn render_for(policy: &Policy, plan: &Plan, dir_name: &str, t: &Target) -> Resul
 }
 
 /// Stages each drop-in beside its `config.d` (never inside it: Kata parses every entry
-/// there). On error, removes what it staged.
-fn stage_drop_ins(t: &Target, drop_ins: &[(usize, &DropIn)]) -> Result<String> {
-    let tmp_name = format!(".{}.kata-addons-tmp", t.drop_in_name);
-    for (n, (i, d)) in drop_ins.iter().enumerate() {
-        if let Err(e) = node::write_synced(&t.configs[*i].config_dir, &tmp_name, d.contents.as_bytes()) {
-            for (j, _) in &drop_ins[..=n] {
-                let _ = t.configs[*j].config_dir.remove_file(&tmp_name);
-            }
-            return Err(e);
-        }
+/// there), registering each with `work` before writing, so any error removes them.
+fn stage_drop_ins<'a>(t: &'a Target, drop_ins: &[(usize, &DropIn)], work: &mut Uncommitted<'a>) -> Result<()> {
+    for (i, d) in drop_ins {
+        let c = &t.configs[*i];
+        work.tmp_in.push(&c.config_dir);
+        node::write_synced(&c.config_dir, &work.tmp_name, d.contents.as_bytes())
+            .with_context(|| format!("staging the drop-in for {}", c.runtime_config))?;
     }
-    Ok(tmp_name)
+    Ok(())
 }
 
 /// Renames staged drop-ins into their `config.d` (the commit point of each).
@@ -230,6 +317,15 @@ async fn install_inner(
         }
     };
     let _lock = lock_node(&root, Duration::from_secs(node_args.lock_timeout)).await?;
+    // A damaged state is refused before anything is touched; then leftovers of killed runs go.
+    let existing = open_dir_if_exists(&root, &plan.install_dir)?;
+    let old = match &existing {
+        Some(a) => state::read(a)?,
+        None => None,
+    };
+    let known = known_config_dirs(&root, &layout_args.kata_prefix, &layout_args.runtime_configs, &plan.runtime_configs);
+    sweep_leftovers(&root, existing.as_ref(), &known)?;
+    drop(existing);
     let t = target(&root, plan, layout_args)?;
     for c in &t.configs {
         tracing::info!(
@@ -241,7 +337,6 @@ async fn install_inner(
             "resolved runtime config"
         );
     }
-    let old = state::read(&t.addons)?;
     let recorded = old.as_ref().filter(|o| from_state && same_request(plan, &o.manifest_digest, o));
     // Drift repair restores the recorded digest (trusted when it was installed).
     if let (Some(o), ImageRef::Registry { digest, .. }) = (recorded, &mut image) {
@@ -262,7 +357,7 @@ async fn install_inner(
         && same_request(plan, &digest, old)
     {
         match file_drift(plan, old, &t)? {
-            None => return repair_drop_ins(policy, plan, &root, &t, old),
+            None => return repair_drop_ins(policy, plan, &root, &t, old, &known),
             Some(why) => {
                 tracing::warn!(step = "repair", version = %old.version, "drift: {why}; pulling {} again", old.manifest_digest)
             }
@@ -274,42 +369,28 @@ async fn install_inner(
         node::ensure_writable(&c.config_d, &c.drop_in_node_path)?;
     }
 
-    // 1. Stage the files in a fresh directory inside the install directory.
+    // 1. Stage the files in a fresh directory inside the install directory. From here on,
+    // `work` removes whatever is not committed when this function returns early.
+    let mut work = Uncommitted::new(&t.addons, &t.drop_in_name);
     let staging = format!("{STAGING_PREFIX}{}", std::process::id());
     remove_entry(&t.addons, &staging)?;
     t.addons.create_dir(&staging).with_context(|| format!("creating staging directory {staging}"))?;
+    work.dir = Some(staging.clone());
     let staged = stage(registry, &conns, &image, plan, &t, &staging).await;
     if let Some(r) = conns.trust() {
         trust = Some(r);
     }
-    let (report_digest, files) = match staged {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = t.addons.remove_dir_all(&staging);
-            return Err(e);
-        }
-    };
+    let (report_digest, files) = staged?;
     let dir_name = pick_dir_name(&t.addons, plan, &report_digest, old.as_ref())?;
     t.addons.rename(&staging, &t.addons, &dir_name).with_context(|| format!("renaming {staging} to {dir_name}"))?;
+    work.dir = Some(dir_name.clone());
     node::fsync_dir(&t.addons)?;
     tracing::info!(step = "stage", dir = %format!("{}/{dir_name}", plan.install_dir), "files staged");
 
     // 2. Render the drop-ins from the installed node paths and stage them outside config.d.
-    let drop_ins = match render_for(policy, plan, &dir_name, &t) {
-        Ok(d) => d,
-        Err(e) => {
-            let _ = t.addons.remove_dir_all(&dir_name);
-            return Err(e);
-        }
-    };
+    let drop_ins = render_for(policy, plan, &dir_name, &t)?;
     let all: Vec<(usize, &DropIn)> = drop_ins.iter().enumerate().collect();
-    let tmp_name = match stage_drop_ins(&t, &all) {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = t.addons.remove_dir_all(&dir_name);
-            return Err(e);
-        }
-    };
+    stage_drop_ins(&t, &all, &mut work)?;
 
     // 3. Write the state, naming what the commit will make obsolete.
     let new_drop_ins = records(&drop_ins);
@@ -348,19 +429,16 @@ async fn install_inner(
         previous_drop_ins,
         trust,
     };
-    if let Err(e) = state::write(&t.addons, &st) {
-        for c in &t.configs {
-            let _ = c.config_dir.remove_file(&tmp_name);
-        }
-        let _ = t.addons.remove_dir_all(&dir_name);
-        return Err(e);
-    }
+    state::write(&t.addons, &st)?;
+    // The state refers to the new directory now: a failed commit leaves it for the next run.
+    work.keep_dir();
 
     // 4. Commit: rename each drop-in into its config.d.
-    commit_drop_ins(&t, &tmp_name, &all)?;
+    commit_drop_ins(&t, &work.tmp_name, &all)?;
+    work.committed();
 
     // 5. Remove what the commit made obsolete.
-    gc(&root, &t, &mut st)?;
+    gc(&root, &t, &mut st, &known)?;
     tracing::info!(
         version = %st.version,
         digest = %st.manifest_digest,
@@ -373,7 +451,14 @@ async fn install_inner(
 
 /// The installed files are what `plan` asks for, and intact: the drop-ins can be
 /// (re)written from the state without a pull.
-fn repair_drop_ins(policy: &Policy, plan: &Plan, root: &Root, t: &Target, old: &State) -> Result<Outcome> {
+fn repair_drop_ins(
+    policy: &Policy,
+    plan: &Plan,
+    root: &Root,
+    t: &Target,
+    old: &State,
+    known: &[PathBuf],
+) -> Result<Outcome> {
     let drop_ins = render_for(policy, plan, &old.version_dir, t)?;
     let new_records = records(&drop_ins);
     let mut drifted: Vec<(usize, &DropIn)> = Vec::new();
@@ -392,9 +477,7 @@ fn repair_drop_ins(policy: &Policy, plan: &Plan, root: &Root, t: &Target, old: &
     let obsolete = obsolete_drop_ins(old, &new_records);
     if drifted.is_empty() && old.drop_ins == new_records {
         let mut st = old.clone();
-        if !old.previous_dirs.is_empty() || !old.previous_drop_ins.is_empty() {
-            gc(root, t, &mut st)?;
-        }
+        gc(root, t, &mut st, known)?;
         tracing::info!(version = %old.version, digest = %old.manifest_digest, "up to date; nothing changed");
         return Ok(Outcome::UpToDate(st));
     }
@@ -410,18 +493,15 @@ fn repair_drop_ins(policy: &Policy, plan: &Plan, root: &Root, t: &Target, old: &
     for (i, _) in &drifted {
         node::ensure_writable(&t.configs[*i].config_d, &t.configs[*i].drop_in_node_path)?;
     }
-    let tmp_name = stage_drop_ins(t, &drifted)?;
+    let mut work = Uncommitted::new(&t.addons, &t.drop_in_name);
+    stage_drop_ins(t, &drifted, &mut work)?;
     let mut st = old.clone();
     st.drop_ins = new_records;
     st.previous_drop_ins = obsolete;
-    if let Err(e) = state::write(&t.addons, &st) {
-        for (i, _) in &drifted {
-            let _ = t.configs[*i].config_dir.remove_file(&tmp_name);
-        }
-        return Err(e);
-    }
-    commit_drop_ins(t, &tmp_name, &drifted)?;
-    gc(root, t, &mut st)?;
+    state::write(&t.addons, &st)?;
+    commit_drop_ins(t, &work.tmp_name, &drifted)?;
+    work.committed();
+    gc(root, t, &mut st, known)?;
     for w in &what {
         tracing::warn!(step = "repair", version = %st.version, "drift repaired: {w}");
     }
@@ -442,7 +522,7 @@ async fn stage(
     let wanted: Vec<Wanted> =
         plan.artifacts.iter().map(|a| Wanted { path: a.source.clone(), dest_name: a.file_name.clone() }).collect();
     let started = Instant::now();
-    let report = fetch::fetch_files_with(registry, conns, image, &wanted, &dir)
+    let report = fetch::fetch_files_into(registry, conns, image, &wanted, &dir, &plan.install_dir)
         .await
         .with_context(|| format!("pulling {}", plan.image))?;
     let bytes: u64 = report.files.iter().map(|f| f.size).sum();
@@ -543,9 +623,11 @@ fn file_drift(plan: &Plan, st: &State, t: &Target) -> Result<Option<String>> {
     Ok(None)
 }
 
-/// Removes obsolete drop-ins and version directories recorded in `st` and leftover
-/// staging directories, then records that nothing is pending.
-fn gc(root: &Root, t: &Target, st: &mut State) -> Result<()> {
+/// Removes obsolete drop-ins and version directories recorded in `st`, then records that
+/// nothing is pending; also removes version directories no state refers to (a kill after
+/// staging, before the state write) when every kata-addons drop-in found in the known
+/// runtime configuration directories is one `st` records (so none can point into them).
+fn gc(root: &Root, t: &Target, st: &mut State, known: &[PathBuf]) -> Result<()> {
     for p in &st.previous_drop_ins {
         if state::validate::remove_drop_in(root, p, false)? == state::validate::DropInRemoval::Removed {
             tracing::info!(step = "gc", drop_in = %p, "removed obsolete drop-in");
@@ -555,14 +637,33 @@ fn gc(root: &Root, t: &Target, st: &mut State) -> Result<()> {
         remove_entry(&t.addons, d)?;
         tracing::info!(step = "gc", dir = %d, "removed previous version");
     }
-    for entry in t.addons.entries().context("listing the install directory")? {
-        let entry = entry.context("listing the install directory")?;
-        let name = entry.file_name();
-        if let Some(n) = name.to_str().filter(|n| n.starts_with(STAGING_PREFIX)) {
-            remove_entry(&t.addons, n)?;
+    let orphans: Vec<String> = version_dirs(&t.addons)?
+        .into_iter()
+        .filter(|d| d != &st.version_dir && !st.previous_dirs.contains(d))
+        .collect();
+    if !orphans.is_empty() {
+        let unrecorded: Vec<String> = our_drop_ins(root, known)
+            .into_iter()
+            .filter(|p| !st.drop_ins.iter().any(|d| &d.path == p) && !st.previous_drop_ins.contains(p))
+            .collect();
+        if unrecorded.is_empty() {
+            for d in &orphans {
+                remove_entry(&t.addons, d)?;
+                tracing::info!(step = "gc", dir = %d, "removed a version directory no state refers to");
+            }
+        } else {
+            tracing::warn!(
+                step = "gc",
+                "version directories {} are not in the state but kept: kata-addons drop-ins the state does not \
+                 record may point into them ({}); `kata-addons uninstall` removes both",
+                orphans.join(", "),
+                unrecorded.join(", ")
+            );
         }
     }
-    node::fsync_dir(&t.addons)?;
+    if !st.previous_dirs.is_empty() || !st.previous_drop_ins.is_empty() || !orphans.is_empty() {
+        node::fsync_dir(&t.addons)?;
+    }
     if !st.previous_dirs.is_empty() || !st.previous_drop_ins.is_empty() {
         st.previous_dirs.clear();
         st.previous_drop_ins.clear();
@@ -571,13 +672,184 @@ fn gc(root: &Root, t: &Target, st: &mut State) -> Result<()> {
     Ok(())
 }
 
+/// Names of the directories in the install directory that have the shape of a version
+/// directory (the state's grammar); staging directories and files are not among them.
+fn version_dirs(addons: &Dir) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in addons.entries().context("listing the install directory")? {
+        let entry = entry.context("listing the install directory")?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+        let is_dir = entry.file_type().with_context(|| format!("inspecting {name}"))?.is_dir();
+        // `lost+found`: the install directory may be a filesystem of its own.
+        if is_dir && name != "lost+found" && state::validate::check_version_dir("versionDir", &name).is_ok() {
+            out.push(name);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Opens a node directory if it exists (never creates it).
+fn open_dir_if_exists(root: &Root, node_dir: &str) -> Result<Option<Dir>> {
+    match root.dir().open_dir(node::rel_path(node_dir)) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if node::is_absent(&e) => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("opening {node_dir} (a symlink leading outside the root is refused)")),
+    }
+}
+
+/// Root-relative directories that may hold a runtime configuration kata-addons wrote a
+/// drop-in for: for every known candidate of every provider (the policy's own list, for
+/// `kata_prefix`), every `--runtime-config` given and the plan's candidates, the directory
+/// of the file as named and of the file it resolves to. A candidate that cannot be
+/// resolved (a symlink loop) is skipped with a warning.
+fn known_config_dirs(root: &Root, kata_prefix: &str, given: &[String], plan: &[String]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let candidates = kata_addons_guest::known_runtime_configs(kata_prefix);
+    for c in candidates.iter().chain(given).chain(plan) {
+        if !crate::policy::is_clean_abs_path(c) {
+            continue;
+        }
+        let parent = c.rsplit_once('/').map_or("/", |(d, _)| if d.is_empty() { "/" } else { d });
+        for p in [root.resolve(parent), root.resolve(c).map(|r| r.parent().map(Path::to_path_buf).unwrap_or_default())]
+        {
+            match p {
+                Ok(rel) if !rel.as_os_str().is_empty() && !out.contains(&rel) => {
+                    if root.dir().metadata(&rel).is_ok_and(|m| m.is_dir()) {
+                        out.push(rel);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(candidate = %c, "skipped while looking for kata-addons files: {e:#}"),
+            }
+        }
+    }
+    out
+}
+
+/// Node paths of the drop-ins carrying kata-addons' header in the `config.d` of `dirs`; one
+/// that cannot be inspected is listed too (it may be ours), with a warning.
+fn our_drop_ins(root: &Root, dirs: &[PathBuf]) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in dirs {
+        let p = node::node_path(&d.join(runtime::CONFIG_D).join(state::validate::DROP_IN_NAME));
+        let ours = match root.dir().symlink_metadata(node::rel_path(&p)) {
+            Ok(m) if m.is_file() => state::validate::carries_header(root, &p),
+            Ok(_) => Ok(false),
+            Err(e) if node::is_absent(&e) => Ok(false),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("inspecting {p}"))),
+        };
+        match ours {
+            Ok(false) => {}
+            Ok(true) => out.push(p),
+            Err(e) => {
+                tracing::warn!(drop_in = %p, "cannot tell whether this is a kata-addons drop-in: {e:#}");
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Removes what killed runs left behind (DESIGN §4 keeps them out of `config.d`, but they
+/// still take space): staging directories and temporary state files in the install
+/// directory, temporary drop-ins beside the runtime configurations of `dirs`. Only names
+/// this program makes are touched, and only when their owner process is gone.
+/// Returns the node paths removed.
+fn sweep_leftovers(root: &Root, addons: Option<&Dir>, dirs: &[PathBuf]) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    if let Some(addons) = addons {
+        let state_tmp = state_tmp_prefix();
+        for entry in addons.entries().context("listing the install directory")? {
+            let entry = entry.context("listing the install directory")?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+            let Some(suffix) = name.strip_prefix(STAGING_PREFIX).or_else(|| name.strip_prefix(state_tmp.as_str()))
+            else {
+                continue;
+            };
+            match owner_pid(suffix) {
+                Some(pid) if owner_gone(pid) => {
+                    remove_entry(addons, &name)?;
+                    tracing::info!(step = "sweep", leftover = %name, pid, "removed what a killed run left in the install directory");
+                    removed.push(format!("{}/{name}", state::validate::INSTALL_DIR));
+                }
+                Some(pid) => {
+                    tracing::warn!(leftover = %name, pid, "left alone: process {pid} is running")
+                }
+                None => tracing::warn!(leftover = %name, "left alone: not a name kata-addons makes"),
+            }
+        }
+        if !removed.is_empty() {
+            node::fsync_dir(addons)?;
+        }
+    }
+    let legacy = format!(".{}{TMP_DROP_IN_SUFFIX}", state::validate::DROP_IN_NAME);
+    let prefix = format!("{legacy}-");
+    for d in dirs {
+        // Not our directory: what cannot be read here is warned about, never fatal.
+        match sweep_config_dir(root, d, &legacy, &prefix, &mut removed) {
+            Ok(()) => {}
+            Err(e) => tracing::warn!(dir = %node::node_path(d), "not swept for leftovers: {e:#}"),
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes the temporary drop-ins of dead processes (and the legacy fixed name) in the
+/// runtime configuration directory `d`, adding their node paths to `removed`.
+fn sweep_config_dir(root: &Root, d: &Path, legacy: &str, prefix: &str, removed: &mut Vec<String>) -> Result<()> {
+    let dir = match root.dir().open_dir(d) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", node::node_path(d))),
+    };
+    let mut here = false;
+    for entry in dir.entries().with_context(|| format!("listing {}", node::node_path(d)))? {
+        let entry = entry.with_context(|| format!("listing {}", node::node_path(d)))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+        let stale = if name == legacy {
+            true
+        } else if let Some(suffix) = name.strip_prefix(prefix) {
+            owner_pid(suffix).is_some_and(owner_gone)
+        } else {
+            continue;
+        };
+        let path = node::node_path(&d.join(&name));
+        if !stale || !entry.file_type().with_context(|| format!("inspecting {path}"))?.is_file() {
+            tracing::warn!(leftover = %path, "left alone: owned by a running process, or not a regular file");
+            continue;
+        }
+        dir.remove_file(&name).with_context(|| format!("removing {path}"))?;
+        tracing::info!(step = "sweep", leftover = %path, "removed a temporary drop-in a killed run left");
+        removed.push(path);
+        here = true;
+    }
+    if here {
+        node::fsync_dir(&dir)?;
+    }
+    Ok(())
+}
+
 /// What `uninstall` did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Removed {
-    /// Nothing was installed.
-    Nothing,
-    /// This state was removed.
-    Removed(Box<State>),
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Uninstalled {
+    /// The state record that was removed; `None` when none was recorded (lost or never written).
+    pub state: Option<Box<State>>,
+    /// Node paths of the drop-ins removed.
+    pub drop_ins: Vec<String>,
+    /// Version directories removed (names inside the install directory).
+    pub dirs: Vec<String>,
+    /// Node paths of what killed runs left behind, removed.
+    pub leftovers: Vec<String>,
+    /// Node paths found and left alone: not written by kata-addons, or owned by a running process.
+    pub left_alone: Vec<String>,
+}
+
+impl Uninstalled {
+    /// Nothing was installed and nothing was found to remove.
+    pub fn nothing(&self) -> bool {
+        self.state.is_none() && self.drop_ins.is_empty() && self.dirs.is_empty() && self.leftovers.is_empty()
+    }
 }
 
 /// The install directory used when no plan is at hand (uninstall, status).
@@ -585,36 +857,105 @@ pub const DEFAULT_INSTALL_DIR: &str = "/etc/kata-containers/addons";
 
 /// Opens the install directory if it exists (never creates it).
 fn open_addons(root: &Root) -> Result<Option<Dir>> {
-    match root.dir().open_dir(node::rel_path(DEFAULT_INSTALL_DIR)) {
-        Ok(d) => Ok(Some(d)),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e)
-            .with_context(|| format!("opening {DEFAULT_INSTALL_DIR} (a symlink leading outside the root is refused)")),
-    }
+    open_dir_if_exists(root, DEFAULT_INSTALL_DIR)
 }
 
-/// Removes exactly what the state records: drop-in(s) first (so the runtime stops using
-/// the files), then the version directories, then the state.
-pub fn uninstall(node_args: &NodeArgs) -> Result<Removed> {
-    let root = Root::open(&node_args.root)?;
-    let _lock = lock::acquire(&root, Duration::from_secs(node_args.lock_timeout))?;
-    let Some(addons) = open_addons(&root)? else { return Ok(Removed::Nothing) };
-    let Some(st) = state::read(&addons)? else { return Ok(Removed::Nothing) };
-    for p in st.drop_ins.iter().map(|d| &d.path).chain(&st.previous_drop_ins) {
-        if state::validate::remove_drop_in(&root, p, false)? == state::validate::DropInRemoval::Removed {
-            tracing::info!(drop_in = %p, "removed drop-in");
+/// `--kata-prefix` and `--runtime-config` of a command that has no plan (uninstall): the
+/// same shapes the policy accepts for install, else invalid configuration (exit 2).
+fn check_layout_args(layout: &LayoutArgs) -> Result<()> {
+    let invalid = |m: String| anyhow::Error::new(crate::configmap::ConfigError(m));
+    if !crate::policy::is_clean_abs_path(&layout.kata_prefix) {
+        return Err(invalid(format!(
+            "--kata-prefix {:?} is not a clean absolute path (no `.`, `..`, `//` or trailing `/`)",
+            layout.kata_prefix
+        )));
+    }
+    for rc in &layout.runtime_configs {
+        let name = rc.rsplit('/').next().unwrap_or("");
+        if !(crate::policy::is_clean_abs_path(rc) && name.starts_with("configuration") && name.ends_with(".toml")) {
+            return Err(invalid(format!(
+                "--runtime-config {rc:?} is not the clean absolute node path of a Kata configuration*.toml"
+            )));
         }
     }
-    for d in std::iter::once(&st.version_dir).chain(&st.previous_dirs) {
-        remove_entry(&addons, d)?;
-        tracing::info!(dir = %d, "removed version directory");
+    Ok(())
+}
+
+/// Puts the node back as it was before kata-addons: removes what the state records
+/// (drop-ins first, so the runtime stops using the files, then the version directories,
+/// then the state) and, whether or not a state exists, every drop-in carrying kata-addons'
+/// header at its fixed name in the `config.d` of every known runtime configuration (all
+/// providers and layouts under `--kata-prefix`, plus each `--runtime-config`), every
+/// version directory and what killed runs left in the install directory. A drop-in without
+/// the header is never removed (it is reported). A damaged state is refused (exit 1).
+pub fn uninstall(node_args: &NodeArgs, layout_args: &LayoutArgs) -> Result<Uninstalled> {
+    check_layout_args(layout_args)?;
+    let root = Root::open(&node_args.root)?;
+    let _lock = lock::acquire(&root, Duration::from_secs(node_args.lock_timeout))?;
+    let addons = open_addons(&root)?;
+    let st = match &addons {
+        Some(a) => state::read(a)?,
+        None => None,
+    };
+    let known = known_config_dirs(&root, &layout_args.kata_prefix, &layout_args.runtime_configs, &[]);
+    let mut out = Uninstalled { leftovers: sweep_leftovers(&root, addons.as_ref(), &known)?, ..Default::default() };
+    if let Some(st) = &st {
+        for p in st.drop_ins.iter().map(|d| &d.path).chain(&st.previous_drop_ins) {
+            if state::validate::remove_drop_in(&root, p, false)? == state::validate::DropInRemoval::Removed {
+                tracing::info!(drop_in = %p, "removed drop-in");
+                out.drop_ins.push(p.clone());
+            }
+        }
     }
-    addons.remove_file(state::STATE_FILE).context("removing the state file")?;
+    // Drop-ins no state records: a lost state, or one older than the drop-in.
+    for d in &known {
+        let p = node::node_path(&d.join(runtime::CONFIG_D).join(state::validate::DROP_IN_NAME));
+        if out.drop_ins.contains(&p) {
+            continue;
+        }
+        match state::validate::remove_drop_in(&root, &p, true) {
+            Ok(state::validate::DropInRemoval::Removed) => {
+                tracing::info!(drop_in = %p, "removed a kata-addons drop-in no state recorded");
+                out.drop_ins.push(p);
+            }
+            Ok(state::validate::DropInRemoval::NotOurs) => out.left_alone.push(p),
+            Ok(state::validate::DropInRemoval::Absent) => {}
+            Err(e) => {
+                tracing::warn!(drop_in = %p, "left alone: cannot inspect it: {e:#}");
+                out.left_alone.push(p);
+            }
+        }
+    }
+    let Some(addons) = addons else { return Ok(out) };
+    if let Some(st) = &st {
+        for d in std::iter::once(&st.version_dir).chain(&st.previous_dirs) {
+            if addons.symlink_metadata(d).is_ok() {
+                remove_entry(&addons, d)?;
+                tracing::info!(dir = %d, "removed version directory");
+                out.dirs.push(d.clone());
+            }
+        }
+    }
+    for d in version_dirs(&addons)? {
+        remove_entry(&addons, &d)?;
+        tracing::info!(dir = %d, "removed a version directory no state recorded");
+        out.dirs.push(d);
+    }
+    if st.is_some() {
+        addons.remove_file(state::STATE_FILE).context("removing the state file")?;
+    }
     node::fsync_dir(&addons)?;
+    for entry in addons.entries().context("listing the install directory")? {
+        let entry = entry.context("listing the install directory")?;
+        let p = format!("{DEFAULT_INSTALL_DIR}/{}", entry.file_name().to_string_lossy());
+        tracing::warn!(path = %p, "left alone: not something kata-addons writes");
+        out.left_alone.push(p);
+    }
     drop(addons);
-    // The install directory is ours; remove it when it is empty.
+    // The install directory is ours; remove it when it is empty (else it holds what was reported).
     let _ = root.dir().remove_dir(node::rel_path(DEFAULT_INSTALL_DIR));
-    Ok(Removed::Removed(Box::new(st)))
+    out.state = st.map(Box::new);
+    Ok(out)
 }
 
 /// Result of `status`.
@@ -746,4 +1087,57 @@ pub fn status(node_args: &NodeArgs) -> Result<Status> {
         }
     }
     Ok(Status { state: Some(st), problems, effective })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_pids_are_parsed_strictly() {
+        assert_eq!(owner_pid("1234"), Some(1234));
+        assert_eq!(owner_pid("2147483647"), Some(i32::MAX));
+        for bad in ["", "0", "01", "-1", "+1", "12a", "1 ", " 1", "2147483648", "99999999999", "1.0", "\u{0661}"] {
+            assert_eq!(owner_pid(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn own_and_dead_owners_are_gone_live_ones_not() {
+        assert!(owner_gone(i32::try_from(std::process::id()).expect("pid")));
+        let mut c = std::process::Command::new("true").spawn().expect("spawn");
+        let pid = i32::try_from(c.id()).expect("pid");
+        c.wait().expect("wait");
+        assert!(owner_gone(pid));
+        let mut live = std::process::Command::new("sleep").arg("30").spawn().expect("spawn");
+        assert!(!owner_gone(i32::try_from(live.id()).expect("pid")));
+        let _ = live.kill();
+        let _ = live.wait();
+    }
+
+    #[test]
+    fn uncommitted_work_is_removed_on_drop_unless_kept() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let addons = Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("open");
+        let config = Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("open");
+        {
+            let mut w = Uncommitted::new(&addons, "50-x.toml");
+            addons.create_dir("stage").expect("mkdir");
+            w.dir = Some("stage".into());
+            w.tmp_in.push(&config);
+            node::write_synced(&config, &w.tmp_name, b"x").expect("write");
+        }
+        assert!(addons.symlink_metadata("stage").is_err(), "staging kept");
+        assert!(config.symlink_metadata(tmp_drop_in_name("50-x.toml")).is_err(), "temp drop-in kept");
+        {
+            let mut w = Uncommitted::new(&addons, "50-x.toml");
+            addons.create_dir("v1").expect("mkdir");
+            w.dir = Some("v1".into());
+            w.tmp_in.push(&config);
+            node::write_synced(&config, &w.tmp_name, b"x").expect("write");
+            w.keep_dir();
+        }
+        assert!(addons.symlink_metadata("v1").is_ok(), "a directory the state refers to was removed");
+        assert!(config.symlink_metadata(tmp_drop_in_name("50-x.toml")).is_err(), "temp drop-in kept");
+    }
 }

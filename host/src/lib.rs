@@ -107,10 +107,26 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Uninstall { node } => {
-            match install::uninstall(&node)? {
-                install::Removed::Nothing => println!("nothing installed"),
-                install::Removed::Removed(st) => println!("uninstalled {} {}", st.image, st.version),
+        Command::Uninstall { node, layout } => {
+            let done = install::uninstall(&node, &layout)?;
+            match &done.state {
+                _ if done.nothing() => println!("nothing installed"),
+                Some(st) => println!("uninstalled {} {}", st.image, st.version),
+                None => println!("no state recorded an install; removed what kata-addons had left on the node"),
+            }
+            if !done.nothing() {
+                for d in &done.drop_ins {
+                    println!("  removed drop-in {d}");
+                }
+                for d in &done.dirs {
+                    println!("  removed version directory {}/{d}", install::DEFAULT_INSTALL_DIR);
+                }
+                for l in &done.leftovers {
+                    println!("  removed leftover {l}");
+                }
+            }
+            for p in &done.left_alone {
+                println!("  left alone (not kata-addons' to remove; see the warnings): {p}");
             }
             Ok(ExitCode::SUCCESS)
         }

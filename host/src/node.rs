@@ -127,6 +127,12 @@ pub fn rel_path(node_path: &str) -> PathBuf {
     PathBuf::from(node_path.trim_start_matches('/'))
 }
 
+/// Whether an error opening or inspecting a path means "nothing there": `ENOENT`, or
+/// `ENOTDIR` (a component of the path is a file).
+pub fn is_absent(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
+}
+
 /// Flushes a directory's entries to disk (after a rename or create inside it).
 pub fn fsync_dir(dir: &Dir) -> Result<()> {
     // cap-std directory handles are O_PATH; fsync needs a descriptor opened for reading.
@@ -139,6 +145,49 @@ pub fn ensure_writable(dir: &Dir, what: &str) -> Result<()> {
     let st = rustix::fs::fstatvfs(dir).with_context(|| format!("statvfs of {what}"))?;
     if st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
         bail!("{what} is on a read-only filesystem; nothing was changed");
+    }
+    Ok(())
+}
+
+/// A filesystem has less free space than a write needs (exit 1; nothing was installed).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "not enough space on {place}: need {need} bytes ({size} bytes for {file} plus a margin of {margin}), have {have} bytes available"
+)]
+pub struct NoSpace {
+    /// The directory written to (node path or as given).
+    pub place: String,
+    /// The file about to be written.
+    pub file: String,
+    /// Its size, from its tar header.
+    pub size: u64,
+    /// Bytes kept free beyond it.
+    pub margin: u64,
+    /// `size + margin`.
+    pub need: u64,
+    /// Bytes available on the filesystem (`f_bavail * f_frsize`).
+    pub have: u64,
+}
+
+/// Bytes kept free on the destination filesystem beyond the files written: the state
+/// file, drop-ins and filesystem metadata, and room for the node itself.
+pub const FREE_SPACE_MARGIN: u64 = 16 << 20;
+
+/// Fails with [`NoSpace`] unless the filesystem of `dir` has `size` plus
+/// [`FREE_SPACE_MARGIN`] bytes available (to unprivileged users: root's reserve is kept).
+pub fn check_free_space(dir: &Dir, place: &str, file: &str, size: u64) -> Result<()> {
+    let st = rustix::fs::fstatvfs(dir).with_context(|| format!("statvfs of {place}"))?;
+    let have = st.f_bavail.saturating_mul(st.f_frsize);
+    let need = size.saturating_add(FREE_SPACE_MARGIN);
+    if have < need {
+        return Err(anyhow::Error::new(NoSpace {
+            place: place.to_string(),
+            file: file.to_string(),
+            size,
+            margin: FREE_SPACE_MARGIN,
+            need,
+            have,
+        }));
     }
     Ok(())
 }

@@ -39,7 +39,16 @@ pub fn plan(policy: &Policy, input: &Input) -> Result<(Vec<KeyValue>, Plan), Pol
 pub fn plan_for(policy: &Policy, input: &Input, layout: &LayoutArgs) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
     let env = match input {
         Input::ConfigMap { data, .. } => policy.env(data)?,
-        Input::Env(env) => env.clone(),
+        // The values `plan` acts on: the policy's own trimming (all-blank = empty, which the
+        // policy treats as absent), so `preview` echoes what install uses. Names are kept,
+        // so an unknown `ADDON_*` name is still reported whatever its value.
+        Input::Env(env) => env
+            .iter()
+            .map(|kv| KeyValue {
+                name: kv.name.clone(),
+                value: kata_addons_guest::trimmed(&kv.value).unwrap_or_default().to_string(),
+            })
+            .collect(),
     };
     let plan = policy.plan_for(&env, &NodeOptions { kata_prefix: layout.kata_prefix.clone() })?;
     Ok((env, plan))

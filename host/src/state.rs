@@ -88,18 +88,20 @@ pub fn read(dir: &Dir) -> Result<Option<State>> {
 
 /// Parses a state record, migrating schema 1 (one `dropIn`) to the current schema.
 pub fn parse(text: &str) -> Result<State> {
-    const CORRUPT: &str = "the state file /etc/kata-containers/addons/state.json is corrupt; nothing was changed (inspect and repair \
-         it; without it kata-addons does not know what it installed, so removing it leaves \
-         <runtime config dir>/config.d/50-kata-addons.toml and the version directories under \
-         /etc/kata-containers/addons to be removed by hand)";
+    let corrupt = || {
+        format!(
+            "the state file /etc/kata-containers/addons/state.json is corrupt; nothing was changed ({})",
+            validate::START_OVER
+        )
+    };
     #[derive(Deserialize)]
     struct Schema {
         schema: u32,
     }
-    let schema = serde_json::from_str::<Schema>(text).context(CORRUPT)?.schema;
+    let schema = serde_json::from_str::<Schema>(text).with_context(corrupt)?.schema;
     match schema {
-        SCHEMA => serde_json::from_str(text).context(CORRUPT),
-        SCHEMA_V1 => Ok(serde_json::from_str::<StateV1>(text).context(CORRUPT)?.migrate()),
+        SCHEMA => serde_json::from_str(text).with_context(corrupt),
+        SCHEMA_V1 => Ok(serde_json::from_str::<StateV1>(text).with_context(corrupt)?.migrate()),
         other => bail!("state file schema {other} is not supported by this kata-addons (expects {SCHEMA})"),
     }
 }

@@ -207,10 +207,11 @@ fn daemon_fails_fast_when_the_install_cannot_succeed() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing"), "{}", show(&o));
 }
 
-/// JSON log lines of the daemon whose `message` contains `needle`.
+/// JSON log lines of the daemon at INFO and above whose `message` contains `needle`.
 fn log_lines_with(log: &str, needle: &str) -> Vec<serde_json::Value> {
     log.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["level"] != "DEBUG" && v["level"] != "TRACE")
         .filter(|v| v["message"].as_str().is_some_and(|m| m.contains(needle)))
         .collect()
 }
@@ -224,8 +225,9 @@ fn periodic_resync_alone_repairs_drift_within_two_periods() {
     // The daemon sleeps `RESYNC * (0.9 + 0.2 * r)` between resyncs, r in [0, 1)
     // (`Daemon::next_resync`): at most 1.1 periods. A drift is found by the first resync
     // after it, so within one jittered period; two periods at the top of the jitter, plus
-    // a margin for the repair itself (a re-pull from a local layout) on a loaded machine.
-    let within = Duration::from_secs_f64(2.0 * RESYNC * 1.1 + 2.0);
+    // a margin for the repair itself (a re-pull from a local layout) and for scheduling on
+    // a loaded 2-core test machine (load 6-7 while the suite runs in parallel).
+    let within = Duration::from_secs_f64(2.0 * RESYNC * 1.1 + 4.0);
     let dir = tempfile::tempdir().expect("tmp");
     let k = noise(150_000, 24);
     layout_with(&dir.path().join("l"), "r1", &[("vmlinuz", &k)]);
@@ -238,6 +240,9 @@ fn periodic_resync_alone_repairs_drift_within_two_periods() {
         .env("HOME", dir.path())
         .env("ADDON_IMAGE", format!("oci:{}:r1", dir.path().join("l").display()))
         .env("ADDON_KERNEL_PATH", "/vmlinuz")
+        // Debug lines (each resync's "node matches the state") make a failure readable;
+        // the assertions count INFO and above only.
+        .env("RUST_LOG", "info,kata_addons=debug")
         .args(["--log-format", "json", "daemon", "--watch", "none", "--start-jitter", "0"])
         .args(["--resync", &RESYNC.to_string(), "--root"])
         .arg(node.root())
@@ -249,6 +254,13 @@ fn periodic_resync_alone_repairs_drift_within_two_periods() {
         .expect("spawn daemon");
     let d = Daemon { child, log };
     wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
+    // The daemon says how it repairs drift right after it is ready.
+    wait_for(
+        "the drift repair line",
+        Duration::from_secs(10),
+        || !log_lines_with(&d.log(), "drift repair:").is_empty(),
+        || d.log(),
+    );
     let started = log_lines_with(&d.log(), "drift repair:");
     assert_eq!(started.len(), 1, "{}", d.log());
     assert_eq!(started[0]["watch"], "None", "no change notification: {}", d.log());

@@ -687,3 +687,390 @@ mod config {
         assert!(torn.is_empty(), "{} torn or failed reads of 60:\n{}", torn.len(), torn.join("\n"));
     }
 }
+
+/// Defect 5: a node whose state is lost (or removed after "the state file is corrupt") is
+/// put back by `uninstall`: every kata-addons drop-in in a known runtime `config.d`, for
+/// every provider and layout, and every version directory; foreign files stay.
+mod recovery {
+    use kata_addons_tests::node::{BASE_CONFIG, Node, content_snapshot, layout_with, noise};
+    use kata_addons_tests::show;
+
+    use super::state::{STATE, kata, refs};
+
+    /// [`content_snapshot`] without the node lock the runner keeps in `/run`.
+    fn snap(node: &Node) -> std::collections::BTreeMap<String, String> {
+        let mut m = content_snapshot(node.root());
+        m.retain(|k, _| !k.starts_with("run"));
+        m
+    }
+
+    fn stdout(o: &std::process::Output) -> String {
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// A TDX kernel addon in an OCI layout under `dir`; returns its install env.
+    fn tdx_env(dir: &std::path::Path) -> Vec<(&'static str, String)> {
+        layout_with(&dir.join("img"), "v1", &[("boot/vmlinuz", &noise(50_000, 7))]);
+        vec![
+            ("ADDON_IMAGE", format!("oci:{}:v1", dir.join("img").display())),
+            ("ADDON_PROVIDER", "tdx".to_string()),
+            ("ADDON_KERNEL_PATH", "/boot/vmlinuz".to_string()),
+        ]
+    }
+
+    #[test]
+    fn defect5_uninstall_without_state_restores_every_layout() {
+        let (node, images) = (Node::empty(), tempfile::tempdir().expect("tmp"));
+        let os_tdx = node.openshift("tdx");
+        let go = node.kata_deploy("qemu-tdx");
+        let rs = node.kata_deploy("qemu-tdx-runtime-rs");
+        let snp = node.kata_deploy("qemu-snp");
+        node.openshift("se");
+        // A file at our name without our header, and a foreign fragment: never removed.
+        let foreign = "/etc/kata-containers/kata-se/config.d/50-kata-addons.toml";
+        node.write(foreign, "# written by the admin\n[hypervisor.qemu]\nkernel = \"/boot/mine\"\n");
+        node.write("/etc/kata-containers/kata-tdx/config.d/40-admin.toml", "[hypervisor.qemu]\ndefault_vcpus = 2\n");
+        let before = snap(&node);
+
+        let o = kata(&node, &["install"], &refs(&tdx_env(images.path())));
+        assert!(o.status.success(), "{}", show(&o));
+        let ours = |rc: &str| format!("{}/config.d/50-kata-addons.toml", rc.rsplit_once('/').map_or("", |(d, _)| d));
+        for rc in [&os_tdx, &go, &rs] {
+            assert!(node.path(&ours(rc)).is_file(), "{rc}: no drop-in");
+        }
+        // A drop-in of an earlier install for another provider, whose state is gone too.
+        std::fs::copy(node.path(&ours(&go)), node.path(&ours(&snp))).expect("copy drop-in");
+
+        // A corrupt state is refused; its advice is to remove it and uninstall.
+        std::fs::write(node.path(STATE), "{").expect("corrupt");
+        let o = kata(&node, &["uninstall"], &[]);
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("remove it and run `kata-addons uninstall`"), "{}", show(&o));
+        assert!(!err.contains("by hand"), "{}", show(&o));
+
+        std::fs::remove_file(node.path(STATE)).expect("remove state");
+        let o = kata(&node, &["uninstall"], &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let out = stdout(&o);
+        assert!(out.contains("no state recorded an install"), "{}", show(&o));
+        for rc in [&os_tdx, &go, &rs, &snp] {
+            assert!(out.contains(&format!("removed drop-in {}", ours(rc))), "{rc}: {}", show(&o));
+            assert!(!node.path(&ours(rc)).exists(), "{rc}: drop-in left");
+        }
+        assert!(out.contains("removed version directory /etc/kata-containers/addons/v1-"), "{}", show(&o));
+        assert!(
+            out.contains(&format!("left alone (not kata-addons' to remove; see the warnings): {foreign}")),
+            "{}",
+            show(&o)
+        );
+        assert!(!node.path("/etc/kata-containers/addons").exists(), "addons/ left");
+        assert_eq!(snap(&node), before, "uninstall did not restore the node");
+        for rc in [&os_tdx, &go, &rs, &snp] {
+            assert_eq!(std::fs::read_to_string(node.path(rc)).expect("config"), BASE_CONFIG);
+        }
+
+        // Again: nothing to do, still exit 0, and the foreign file is still reported, not removed.
+        let o = kata(&node, &["uninstall"], &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        assert!(stdout(&o).contains("nothing installed"), "{}", show(&o));
+        assert_eq!(snap(&node), before);
+    }
+
+    #[test]
+    fn defect5_uninstall_without_state_honours_kata_prefix_and_runtime_config() {
+        let (node, images) = (Node::empty(), tempfile::tempdir().expect("tmp"));
+        let rc = "/usr/local/kata/share/defaults/kata-containers/runtimes/qemu-tdx/configuration-qemu-tdx.toml";
+        node.write(rc, BASE_CONFIG);
+        let custom = "/srv/kata/configuration-custom.toml";
+        node.write(custom, BASE_CONFIG);
+        let before = snap(&node);
+        let o = kata(&node, &["install", "--kata-prefix", "/usr/local/kata"], &refs(&tdx_env(images.path())));
+        assert!(o.status.success(), "{}", show(&o));
+        let drop_in = "/usr/local/kata/share/defaults/kata-containers/runtimes/qemu-tdx/config.d/50-kata-addons.toml";
+        // A drop-in of ours beside a configuration no layout knows (placed by hand).
+        let custom_drop_in = "/srv/kata/config.d/50-kata-addons.toml";
+        node.write(custom_drop_in, &std::fs::read_to_string(node.path(drop_in)).expect("drop-in"));
+        std::fs::remove_file(node.path(STATE)).expect("remove state");
+
+        let o = kata(&node, &["uninstall", "--kata-prefix", "/usr/local/kata", "--runtime-config", custom], &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        for p in [drop_in, custom_drop_in] {
+            assert!(!node.path(p).exists(), "{p} left: {}", show(&o));
+        }
+        assert_eq!(snap(&node), before, "uninstall did not restore the node");
+
+        // Flags are checked as install checks them: exit 2, naming the flag.
+        for (flag, bad) in [("--kata-prefix", "opt/kata"), ("--runtime-config", "/etc/passwd")] {
+            let o = kata(&node, &["uninstall", flag, bad], &[]);
+            assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+            assert!(String::from_utf8_lossy(&o.stderr).contains(flag), "{}", show(&o));
+        }
+    }
+}
+
+/// Defect 6: what a killed run leaves (staging directories, temporary drop-ins and state
+/// files, a version directory no state refers to) is removed by the next run of any kind,
+/// under the node lock; a running process' staging is left alone.
+mod leftovers {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use kata_addons_tests::image::{Compress, Image, LayerBuilder};
+    use kata_addons_tests::node::{Node, content_snapshot, noise};
+    use kata_addons_tests::proxy::{Proxy, Rules};
+    use kata_addons_tests::registry::Registry;
+    use kata_addons_tests::{kata_addons_bin, show};
+
+    use super::state::{STATE, installed, kata, refs};
+
+    const ADDONS: &str = "/etc/kata-containers/addons";
+    /// Where the se runtime configuration of [`Node::new`] resolves to.
+    const SE_DIR: &str = "/opt/kata/share/defaults/kata-containers";
+    const TDX_DIR: &str = "/etc/kata-containers/kata-tdx";
+
+    fn snap(node: &Node) -> std::collections::BTreeMap<String, String> {
+        let mut m = content_snapshot(node.root());
+        m.retain(|k, _| !k.starts_with("run"));
+        m
+    }
+
+    /// The pid of a process that has exited (and been reaped).
+    fn dead_pid() -> u32 {
+        let mut c = Command::new("true").spawn().expect("spawn true");
+        let pid = c.id();
+        c.wait().expect("wait");
+        pid
+    }
+
+    /// Leftovers of a killed run with owner `pid`; returns their node paths.
+    fn leave(node: &Node, pid: u32) -> Vec<String> {
+        let staging = format!("{ADDONS}/.staging-{pid}");
+        node.write(&format!("{staging}/.kata-addons-tmp.{pid}.0"), &"k".repeat(100_000));
+        node.write(&format!("{ADDONS}/.state.json.tmp-{pid}"), "{\"schema\": 2");
+        let tmp_drop_in = format!("{SE_DIR}/.50-kata-addons.toml.kata-addons-tmp-{pid}");
+        node.write(&tmp_drop_in, "[hypervisor.qemu]\nkernel = \"/x\"\n");
+        // The fixed name releases before this one used.
+        let legacy = format!("{TDX_DIR}/.50-kata-addons.toml.kata-addons-tmp");
+        node.write(&legacy, "[hypervisor.qemu]\nkernel = \"/x\"\n");
+        vec![staging, format!("{ADDONS}/.state.json.tmp-{pid}"), tmp_drop_in, legacy]
+    }
+
+    #[test]
+    fn defect6_every_run_sweeps_what_killed_runs_left() {
+        let (node, images) = (Node::new(), tempfile::tempdir().expect("tmp"));
+        let before = snap(&node);
+        let env = installed(&node, images.path());
+        let st: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(node.path(STATE)).expect("state")).expect("json");
+        let version_dir = st["versionDir"].as_str().expect("versionDir").to_string();
+
+        let dead = leave(&node, dead_pid());
+        // A complete version directory no state refers to (killed after the rename).
+        let orphan = format!("{ADDONS}/v0-0123456789ab");
+        node.write(&format!("{orphan}/kernel"), "old kernel");
+        // A running process' staging is not touched.
+        let mut live = Command::new("sleep").arg("60").spawn().expect("spawn sleep");
+        let live_staging = format!("{ADDONS}/.staging-{}", live.id());
+        node.write(&format!("{live_staging}/x"), "busy");
+
+        // An "up to date" install sweeps.
+        let o = kata(&node, &["install"], &refs(&env));
+        assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("up to date"), "{}", show(&o));
+        for p in dead.iter().chain([&orphan]) {
+            assert!(!node.path(p).exists(), "{p} survived an up-to-date install: {}", show(&o));
+        }
+        assert!(node.path(&live_staging).exists(), "a running process' staging was removed");
+        assert!(node.path(&format!("{ADDONS}/{version_dir}/kernel")).is_file());
+        let o = kata(&node, &["status"], &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+
+        // Uninstall sweeps too, and leaves addons/ absent once the owner is gone.
+        let dead = leave(&node, dead_pid());
+        let _ = live.kill();
+        let _ = live.wait();
+        let o = kata(&node, &["uninstall"], &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        for p in dead.iter().chain([&live_staging]) {
+            assert!(!node.path(p).exists(), "{p} survived uninstall: {}", show(&o));
+        }
+        assert!(!node.path(ADDONS).exists(), "addons/ left: {}", show(&o));
+        assert_eq!(snap(&node), before, "uninstall did not restore the node");
+    }
+
+    /// A real SIGKILL while the pull is stalled mid-blob: the partial staging directory is
+    /// there, and the next run (here `uninstall`, with no state yet) removes it.
+    #[test]
+    fn defect6_sigkill_during_a_slow_pull_is_cleaned_by_the_next_run() {
+        let reg = Registry::start();
+        let base = LayerBuilder::new().dir("etc").file("etc/os-release", b"ID=test\n").build(Compress::None);
+        let top = LayerBuilder::new().dir("boot").file("boot/vmlinuz", &noise(4 << 20, 5)).build(Compress::None);
+        reg.push("k", "1", &Image::new(vec![base, top]));
+        let proxy = Proxy::start(reg.addr, Rules { stall_blob_after: Some(1 << 20), ..Rules::default() });
+        let node = Node::new();
+        let before = snap(&node);
+        let host = proxy.host();
+        let home = tempfile::tempdir().expect("home");
+        let log = home.path().join("install.log");
+        let mut child = Command::new(kata_addons_bin())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", home.path())
+            .env("ADDON_IMAGE", format!("{host}/k:1"))
+            .env("ADDON_KERNEL_PATH", "/boot/vmlinuz")
+            .args(["install", "--insecure-registry", &host, "--timeout", "10", "--root"])
+            .arg(node.root())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn install");
+        let staging = node.path(&format!("{ADDONS}/.staging-{}", child.id()));
+        let start = Instant::now();
+        let staged_bytes = || -> u64 {
+            std::fs::read_dir(&staging)
+                .map(|rd| rd.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+                .unwrap_or(0)
+        };
+        while staged_bytes() == 0 {
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                let seen = proxy.requests();
+                panic!("the pull never wrote into {}; requests {seen:#?}; its log:\n{log}", staging.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.kill().expect("SIGKILL");
+        child.wait().expect("wait");
+        assert!(staged_bytes() > 0, "the killed run left nothing to clean: the test proves nothing");
+
+        let o = kata(&node, &["uninstall"], &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        assert!(!staging.exists(), "staging survived: {}", show(&o));
+        assert!(!node.path(ADDONS).exists(), "addons/ left: {}", show(&o));
+        assert_eq!(snap(&node), before, "uninstall did not restore the node");
+    }
+}
+
+/// Issue 10 defect 8 (guest side) and 9 (preview echo).
+mod policy_output {
+    use std::process::Output;
+
+    use kata_addons_tests::{kata_addons_bin, show};
+
+    fn kata(args: &[&str], env: &[(&str, &str)], cache: &std::path::Path) -> Output {
+        let home = tempfile::tempdir().expect("temp HOME");
+        let mut c = std::process::Command::new(kata_addons_bin());
+        c.env_clear().env("HOME", home.path()).args(["--cache-dir"]).arg(cache);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.args(args).output().expect("run kata-addons")
+    }
+
+    /// The guest caps its violation list at 64, the last saying how many more there are;
+    /// the runner reports it as invalid configuration (exit 2), never as refused output.
+    #[test]
+    fn defect8_guest_caps_its_violation_list() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let f = tmp.path().join("cm.yaml");
+        let keys: String = (0..100).map(|i| format!("unknownKey{i:03}: x\n")).collect();
+        std::fs::write(&f, &keys).expect("write");
+        let o = kata(&["preview", "--configmap", f.to_str().expect("utf-8")], &[], tmp.path());
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("invalid configuration (64 problems)"), "{}", show(&o));
+        assert!(err.contains("\u{2026} and 39 more (at most 64 problems are listed"), "{}", show(&o));
+        assert!(!err.contains("refuses"), "{}", show(&o));
+        assert_eq!(err.lines().filter(|l| l.starts_with("  ")).count(), 64, "{}", show(&o));
+        // 300 keys: the runner's own limit, before the policy runs.
+        let keys: String = (0..300).map(|i| format!("unknownKey{i:03}: x\n")).collect();
+        std::fs::write(&f, &keys).expect("write");
+        let o = kata(&["preview", "--configmap", f.to_str().expect("utf-8")], &[], tmp.path());
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("limit of 128"), "{}", show(&o));
+    }
+
+    /// `preview -o env|json|yaml` of `ADDON_*` input shows the trimmed values install uses.
+    #[test]
+    fn defect9_preview_echoes_what_install_uses() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let env = [
+            ("ADDON_IMAGE", "  quay.io/org/kernel:v1 \n"),
+            ("ADDON_KERNEL_PATH", "\t/boot/vmlinuz "),
+            ("ADDON_VERSION", "   "),
+        ];
+        let o = kata(&["preview", "-o", "env"], &env, tmp.path());
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.lines().any(|l| l == "ADDON_IMAGE=quay.io/org/kernel:v1"), "{}", show(&o));
+        assert!(out.lines().any(|l| l == "ADDON_KERNEL_PATH=/boot/vmlinuz"), "{}", show(&o));
+        let o = kata(&["preview", "-o", "json"], &env, tmp.path());
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        for e in v["env"].as_array().expect("env") {
+            let value = e["value"].as_str().expect("value");
+            assert_eq!(value, value.trim(), "{e}");
+        }
+        assert_eq!(v["artifacts"][0]["source"], "/boot/vmlinuz");
+        let o = kata(&["preview", "-o", "yaml"], &env, tmp.path());
+        assert!(String::from_utf8_lossy(&o.stdout).contains("value: quay.io/org/kernel:v1\n"), "{}", show(&o));
+    }
+}
+
+/// Issue 10 "Also": free space is checked against each file's size (from its tar header)
+/// before its data is written; a refusal names the place and changes nothing.
+mod free_space {
+    use kata_addons_tests::node::{Node, content_snapshot, layout_with, noise};
+    use kata_addons_tests::show;
+
+    use super::state::{kata, refs};
+
+    /// A tmpfs mounted for the test, unmounted when dropped.
+    struct Tmpfs(std::path::PathBuf);
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+
+    #[test]
+    fn free_space_is_checked_before_the_data_is_written() {
+        let (node, images) = (Node::new(), tempfile::tempdir().expect("tmp"));
+        let addons = node.path("/etc/kata-containers/addons");
+        std::fs::create_dir_all(&addons).expect("mkdir");
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
+            .arg(&addons)
+            .output()
+            .expect("run mount");
+        if !mounted.status.success() {
+            eprintln!("SKIPPED: cannot mount a tmpfs here: {}", String::from_utf8_lossy(&mounted.stderr));
+            return;
+        }
+        let _tmpfs = Tmpfs(addons.clone());
+        let env = |tag: &str| {
+            vec![
+                ("ADDON_IMAGE", format!("oci:{}:{tag}", images.path().join(tag).display())),
+                ("ADDON_KERNEL_PATH", "/boot/vmlinuz".to_string()),
+            ]
+        };
+        // 1 MiB + the 16 MiB margin fits in 24 MiB.
+        layout_with(&images.path().join("v1"), "v1", &[("boot/vmlinuz", &noise(1 << 20, 1))]);
+        let o = kata(&node, &["install"], &refs(&env("v1")));
+        assert!(o.status.success(), "{}", show(&o));
+        // 10 MiB + 16 MiB does not: refused before the file is written, nothing changes.
+        layout_with(&images.path().join("v2"), "v2", &[("boot/vmlinuz", &noise(10 << 20, 2))]);
+        let before = content_snapshot(node.root());
+        let o = kata(&node, &["install"], &refs(&env("v2")));
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("not enough space on /etc/kata-containers/addons: need 27262976 bytes"), "{}", show(&o));
+        assert!(err.contains("have "), "{}", show(&o));
+        assert_eq!(content_snapshot(node.root()), before, "a refused install changed the node");
+        let o = kata(&node, &["status"], &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    }
+}

@@ -53,12 +53,20 @@ pub struct TempFiles {
     dir: Arc<Dir>,
     names: Arc<Mutex<HashSet<String>>>,
     counter: Arc<AtomicU64>,
+    /// How the destination is named in messages (a free-space refusal).
+    place: Arc<str>,
 }
 
 impl TempFiles {
-    /// A set of temporary files in `dir`.
-    pub fn new(dir: Dir) -> Self {
-        TempFiles { dir: Arc::new(dir), names: Arc::default(), counter: Arc::default() }
+    /// A set of temporary files in `dir`, named `place` in messages.
+    pub fn new(dir: Dir, place: &str) -> Self {
+        TempFiles { dir: Arc::new(dir), names: Arc::default(), counter: Arc::default(), place: Arc::from(place) }
+    }
+
+    /// Refuses a file of `size` bytes (as its tar header declares, before any of its data is
+    /// read) unless the destination's filesystem has room for it plus a margin.
+    pub fn check_space(&self, path: &str, size: u64) -> Result<()> {
+        crate::node::check_free_space(&self.dir, &self.place, &format!("/{path}"), size)
     }
 
     /// The destination directory.
@@ -282,6 +290,7 @@ fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R,
     if size > job.max_file_size {
         bail!("/{path} is {size} bytes, more than the per-file limit of {} bytes", job.max_file_size);
     }
+    job.temps.check_space(path, size)?;
     let (tmp, file) = match open.files.remove(path) {
         Some((tmp, mut file)) => {
             file.set_len(0).with_context(|| format!("truncate temporary file {tmp}"))?;
@@ -493,7 +502,7 @@ mod tests {
         tar.extend_from_slice(&[0u8; 1024]);
         let tmp = tempfile::tempdir().expect("tmp");
         let dir = Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("dir");
-        let temps = TempFiles::new(dir);
+        let temps = TempFiles::new(dir, "the test directory");
         let job = LayerJob {
             number: 0,
             digest: "sha256:test".into(),

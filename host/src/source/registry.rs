@@ -214,6 +214,12 @@ impl RegistryClient {
     }
 }
 
+/// The first byte of a `Content-Range: bytes FIRST-LAST/LENGTH` header.
+fn content_range_start(h: Option<&str>) -> Option<u64> {
+    let (first, _) = h?.trim().strip_prefix("bytes ")?.split_once('-')?;
+    first.trim().parse().ok()
+}
+
 /// The most retries of one request to `ep`: a mirror gets a few, then the next source is tried.
 pub fn retry_limit(ep: &Endpoint) -> u32 {
     if ep.mirror { super::retry::MIRROR_RETRIES } else { u32::MAX }
@@ -257,7 +263,18 @@ impl RegistryBlob {
         let status = resp.status();
         match status.as_u16() {
             200 => self.skip = self.offset, // Range ignored: skip what was already consumed.
-            206 if self.offset > 0 => self.skip = 0,
+            206 if self.offset > 0 => {
+                // The body must start where we asked; anything else would shift every byte.
+                let range = resp.headers().get(reqwest::header::CONTENT_RANGE).and_then(|v| v.to_str().ok());
+                if content_range_start(range) != Some(self.offset) {
+                    return Err(Failure::Fatal(anyhow!(
+                        "asked for bytes from {} (Range), the registry answered 206 with Content-Range {}",
+                        self.offset,
+                        range.unwrap_or("(none)")
+                    )));
+                }
+                self.skip = 0;
+            }
             401 => return Err(Failure::Fatal(session.unauthorized())),
             403 => return Err(Failure::Fatal(anyhow!("access denied (HTTP 403)"))),
             404 => return Err(Failure::Fatal(anyhow!("blob unknown (HTTP 404)"))),
@@ -321,5 +338,19 @@ impl RegistryBlob {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::content_range_start;
+
+    #[test]
+    fn content_range_start_parses_the_first_byte() {
+        assert_eq!(content_range_start(Some("bytes 100-199/200")), Some(100));
+        assert_eq!(content_range_start(Some("bytes 0-0/*")), Some(0));
+        assert_eq!(content_range_start(Some("bytes */200")), None);
+        assert_eq!(content_range_start(Some("items 1-2/3")), None);
+        assert_eq!(content_range_start(None), None);
     }
 }

@@ -29,13 +29,16 @@ pub const MAX_STATE_BYTES: u64 = 1 << 20;
 /// Longest version directory name accepted (version ≤ 128 + `-` + 12 hex + suffix).
 const MAX_DIR_NAME: usize = 200;
 
+/// What to do about a state file that cannot be used: the same advice for every refusal.
+pub const START_OVER: &str = "inspect and repair it, or remove it and run `kata-addons uninstall` (with the \
+    --kata-prefix and --runtime-config install was given, if any): without a state it removes every drop-in \
+    carrying kata-addons' header at <runtime config dir>/config.d/50-kata-addons.toml of every known runtime \
+    configuration and the version directories under /etc/kata-containers/addons";
+
 fn refuse(field: &str, value: &str, why: &str) -> anyhow::Error {
     let shown: String = value.chars().take(200).collect();
     anyhow!(
-        "the state file {INSTALL_DIR}/state.json is refused: `{field}` = {shown:?} {why}; nothing was changed \
-         (a damaged state: inspect and repair it; without it kata-addons does not know what it installed, so \
-         removing it leaves <runtime config dir>/config.d/{DROP_IN_NAME} and the version directories under \
-         {INSTALL_DIR} to be removed by hand)"
+        "the state file {INSTALL_DIR}/state.json is refused: `{field}` = {shown:?} {why}; nothing was changed ({START_OVER})"
     )
 }
 
@@ -147,7 +150,10 @@ pub fn remove_drop_in(root: &Root, p: &str, need_header: bool) -> Result<DropInR
     let rel = node::rel_path(p);
     let meta = match root.dir().symlink_metadata(&rel) {
         Ok(m) => m,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(DropInRemoval::Absent),
+        // ENOTDIR: a path component (`config.d`) is a file, so there is no drop-in either.
+        Err(e) if node::is_absent(&e) => {
+            return Ok(DropInRemoval::Absent);
+        }
         Err(e) => return Err(anyhow!(e).context(format!("inspecting drop-in {p}"))),
     };
     if !meta.is_file() {
