@@ -172,12 +172,20 @@ impl<R: Read> TarStream<R> {
         TarStream { r, left: 0, pad: 0, done: false }
     }
 
-    /// Reads the rest of the current entry's data and padding.
+    /// Reads the rest of the current entry's data (all of it must be there) and its
+    /// padding. A stream that ends inside the padding of a complete entry has ended, as Go's
+    /// archive/tar (containers/storage, umoci) reads it: `umoci insert` writes such layers.
     fn finish_entry(&mut self) -> Result<()> {
-        let n = self.left + self.pad;
+        let (left, pad) = (self.left, self.pad);
         self.left = 0;
         self.pad = 0;
-        skip(&mut self.r, n)
+        skip(&mut self.r, left)?;
+        let copied =
+            std::io::copy(&mut (&mut self.r).take(pad), &mut std::io::sink()).context("reading the tar stream")?;
+        if copied < pad {
+            self.done = true;
+        }
+        Ok(())
     }
 
     /// Reads an extension record of `size` bytes (refused above [`MAX_EXT_RECORD`]).
@@ -198,6 +206,9 @@ impl<R: Read> TarStream<R> {
             return Ok(None);
         }
         self.finish_entry()?;
+        if self.done {
+            return Ok(None);
+        }
         let mut long_name: Option<Vec<u8>> = None;
         let mut long_link: Option<Vec<u8>> = None;
         let mut pax: Option<Pax> = None;
@@ -334,6 +345,55 @@ impl<R: Read> Read for EntryData<'_, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One regular file `f` of `len` bytes, its data cut to `data` bytes and followed by
+    /// `pad` bytes of padding, with no end-of-archive blocks (what `umoci insert` writes
+    /// with data = len).
+    fn unterminated(len: u64, data: usize, pad: usize) -> Vec<u8> {
+        let mut h = tar::Header::new_ustar();
+        h.set_path("f").expect("path");
+        h.set_size(len);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        let mut v = h.as_bytes().to_vec();
+        v.extend(std::iter::repeat_n(7u8, data));
+        v.extend(std::iter::repeat_n(0u8, pad));
+        v
+    }
+
+    fn read_all(v: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut t = TarStream::new(v);
+        let mut out = Vec::new();
+        while let Some(e) = t.next_entry()? {
+            let mut data = Vec::new();
+            t.data().read_to_end(&mut data)?;
+            out.push((String::from_utf8_lossy(&e.path).to_string(), data));
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn a_stream_ending_in_the_padding_of_a_complete_entry_has_ended() {
+        for pad in [0, 10, 412] {
+            let got = read_all(&unterminated(100, 100, pad)).expect("accepted, as Go's archive/tar does");
+            assert_eq!(got, vec![("f".to_string(), vec![7u8; 100])], "pad {pad}");
+        }
+        // Unread data skipped by next_entry, then the end.
+        let v = unterminated(100, 100, 0);
+        let mut t = TarStream::new(&v[..]);
+        assert!(t.next_entry().expect("entry").is_some());
+        assert!(t.next_entry().expect("end").is_none());
+    }
+
+    #[test]
+    fn a_stream_ending_inside_entry_data_is_malformed() {
+        let v = unterminated(100, 50, 0);
+        assert!(read_all(&v).is_err());
+        let mut t = TarStream::new(&v[..]);
+        assert!(t.next_entry().expect("entry").is_some());
+        let e = t.next_entry().expect_err("truncated data");
+        assert!(format!("{e:#}").contains("ends inside an entry"), "{e:#}");
+    }
 
     fn pax_record(key: &str, value: &str) -> String {
         let body = format!(" {key}={value}\n");
