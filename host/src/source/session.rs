@@ -163,7 +163,11 @@ impl Session {
                 Ok(Err(f)) => {
                     let e = f.into_inner();
                     tracing::debug!("{what}: HTTPS failed ({e:#}), trying plain HTTP (insecure)");
-                    let plain = build_client(opts, tls, false, &what)?;
+                    // The same client (no certificate verification): as in containers/image,
+                    // one transport serves the insecure registry over both schemes, redirects
+                    // to HTTPS blob storage included. Loading the system roots for a second
+                    // client would cost ~10-20 ms on every pull.
+                    let plain = verified.clone();
                     let base = format!("http://{host}");
                     let r = with_retry(retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
                         ping_once(&plain, &base)
@@ -174,7 +178,7 @@ impl Session {
                 }
                 Err(_) => {
                     tracing::debug!("{what}: HTTPS timed out, trying plain HTTP (insecure)");
-                    let plain = build_client(opts, tls, false, &what)?;
+                    let plain = verified.clone();
                     let base = format!("http://{host}");
                     let r = with_retry(retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
                         ping_once(&plain, &base)
