@@ -452,8 +452,9 @@ fn largest_gzip() -> Case {
     )
 }
 
-/// 40 layers of 2,000 symlinks each over a 45-deep wanted path.
-fn symlink_storm() -> Case {
+/// 40 layers of 2,000 symlinks each over a 45-deep wanted path; each layer repeats the
+/// directory chain, so resolving the wanted path walks all 45 levels through every layer.
+pub fn symlink_storm() -> Case {
     let dirs: Vec<String> = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRS".chars().map(String::from).collect();
     let deep = dirs.join("/");
     let mut base = LayerBuilder::new();

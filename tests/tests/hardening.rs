@@ -3,10 +3,10 @@
 //! Costs are measured with `kata_addons_tests::measure` (peak RSS from the child's
 //! `VmHWM` / `ru_maxrss`, CPU time from `wait4`), never by wall time.
 
-use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
+use kata_addons_tests::hostile::{KERNEL, RawTar, base_layer, gzip, zstd, zstd_repeat};
 use kata_addons_tests::image::{Blob, Compress, Image, LayerBuilder, media};
 use kata_addons_tests::kata_addons_bin;
 use kata_addons_tests::measure::{Measured, run_measured};
@@ -17,94 +17,6 @@ const RSS_BUDGET_MIB: f64 = 64.0;
 const CPU_BUDGET: Duration = Duration::from_secs(5);
 /// Wall time after which a run is killed (it then fails its assertions).
 const KILL_AFTER: Duration = Duration::from_secs(90);
-
-/// A raw tar writer: any type byte, any declared size, any extension record.
-#[derive(Default)]
-struct RawTar(Vec<u8>);
-
-fn pad(v: &mut Vec<u8>) {
-    let rem = v.len() % 512;
-    if rem != 0 {
-        v.resize(v.len() + 512 - rem, 0);
-    }
-}
-
-impl RawTar {
-    fn header(&mut self, typ: u8, name: &str, link: &str, size: u64) -> &mut Self {
-        let mut h = tar::Header::new_gnu();
-        h.as_mut_bytes()[156] = typ;
-        h.set_size(size);
-        h.set_mode(0o644);
-        h.set_mtime(1_700_000_000);
-        let n = name.as_bytes();
-        assert!(n.len() < 100);
-        h.as_old_mut().name[..n.len()].copy_from_slice(n);
-        let l = link.as_bytes();
-        assert!(l.len() < 100);
-        h.as_old_mut().linkname[..l.len()].copy_from_slice(l);
-        h.set_cksum();
-        self.0.extend_from_slice(h.as_bytes());
-        self
-    }
-
-    fn entry(&mut self, typ: u8, name: &str, link: &str, data: &[u8]) -> &mut Self {
-        self.header(typ, name, link, data.len() as u64);
-        self.0.extend_from_slice(data);
-        pad(&mut self.0);
-        self
-    }
-
-    fn file(&mut self, name: &str, data: &[u8]) -> &mut Self {
-        self.entry(b'0', name, "", data)
-    }
-
-    fn pax(&mut self, records: &[(&str, &str)]) -> &mut Self {
-        let mut body = String::new();
-        for (k, v) in records {
-            let rest = format!(" {k}={v}\n");
-            let mut len = rest.len() + 1;
-            while format!("{len}{rest}").len() != len {
-                len += 1;
-            }
-            body.push_str(&format!("{len}{rest}"));
-        }
-        self.entry(b'x', "PaxHeaders/x", "", body.as_bytes())
-    }
-
-    fn long_name(&mut self, name: &str) -> &mut Self {
-        let mut d = name.as_bytes().to_vec();
-        d.push(0);
-        self.entry(b'L', "././@LongLink", "", &d)
-    }
-
-    fn finish(&mut self) -> Vec<u8> {
-        let mut v = std::mem::take(&mut self.0);
-        v.extend_from_slice(&[0u8; 1024]);
-        v
-    }
-}
-
-/// A zstd frame of `n` bytes `b` (frames concatenate: several make one long stream).
-fn zstd_repeat(b: u8, n: u64) -> Vec<u8> {
-    zstd::encode_all(std::io::Read::take(std::io::repeat(b), n), 1).expect("zstd")
-}
-
-fn zstd(data: &[u8]) -> Vec<u8> {
-    zstd::encode_all(data, 3).expect("zstd")
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    e.write_all(data).expect("gzip");
-    e.finish().expect("gzip")
-}
-
-/// The kernel every test image carries in its base layer.
-const KERNEL: &[u8] = b"\x7fELF-kernel-bytes";
-
-fn base_layer() -> Blob {
-    LayerBuilder::new().dir("boot").file("boot/vmlinuz", KERNEL).build(Compress::Gzip)
-}
 
 /// Writes an image (layers bottom first) as an OCI layout; returns its `oci:` reference.
 fn layout(dir: &Path, layers: Vec<Blob>) -> String {
@@ -295,28 +207,9 @@ fn defect3_layer_count_cap() {
 #[test]
 fn defect3_symlink_storm_is_linear() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let dirs: Vec<String> = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRS".chars().map(String::from).collect();
-    let deep = dirs.join("/");
-    let mut base = LayerBuilder::new();
-    for i in 1..=dirs.len() {
-        base.dir(&dirs[..i].join("/"));
-    }
-    base.file(&format!("{deep}/vmlinuz"), KERNEL);
-    let mut layers = vec![base.build(Compress::Gzip)];
-    for l in 0..40 {
-        let mut t = LayerBuilder::new();
-        // Each layer repeats the directory chain, so resolving the wanted path walks all
-        // 45 levels through every layer above before it reaches the unknown file.
-        for i in 1..=dirs.len() {
-            t.dir(&dirs[..i].join("/"));
-        }
-        for i in 0..2000 {
-            t.symlink(&format!("s{l}-{i}"), "a/b");
-        }
-        layers.push(t.build(Compress::Gzip));
-    }
-    let image = layout(tmp.path(), layers);
-    let wanted = format!("/{deep}/vmlinuz");
+    let storm = kata_addons_tests::hostile::symlink_storm();
+    let image = layout(tmp.path(), storm.layers);
+    let wanted = storm.paths[0].clone();
     let m = fetch(tmp.path(), &image, &[&wanted], &[]);
     eprintln!("symlink storm: {}", m.summary());
     assert_eq!(m.code, Some(0), "{}", m.summary());
