@@ -102,7 +102,12 @@ pub fn parse(text: &str) -> Result<State> {
     match schema {
         SCHEMA => serde_json::from_str(text).with_context(corrupt),
         SCHEMA_V1 => Ok(serde_json::from_str::<StateV1>(text).with_context(corrupt)?.migrate()),
-        other => bail!("state file schema {other} is not supported by this kata-addons (expects {SCHEMA})"),
+        other => bail!(
+            "the state file /etc/kata-containers/addons/state.json has schema {other}, which this kata-addons does \
+             not read (it writes {SCHEMA}, reads {SCHEMA_V1} and {SCHEMA}): a newer kata-addons wrote it, so run that \
+             one; nothing was changed (or {})",
+            validate::START_OVER
+        ),
     }
 }
 
@@ -219,6 +224,8 @@ mod tests {
     fn unknown_schema_is_refused() {
         let err = parse(r#"{"schema": 3}"#).expect_err("schema 3");
         assert!(format!("{err:#}").contains("schema 3"), "{err:#}");
+        assert!(format!("{err:#}").contains("a newer kata-addons wrote it"), "{err:#}");
+        assert!(format!("{err:#}").contains("kata-addons uninstall"), "{err:#}");
         assert!(parse("{").is_err());
     }
 }

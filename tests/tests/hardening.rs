@@ -448,6 +448,7 @@ mod state {
         let o = kata(&node, &["uninstall"], &[]);
         assert_eq!(o.status.code(), Some(1), "{}", show(&o));
         assert!(String::from_utf8_lossy(&o.stderr).contains("larger than 1048576 bytes"), "{}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("kata-addons uninstall"), "{}", show(&o));
     }
 }
 

@@ -55,7 +55,8 @@ pub fn read_capped(dir: &Dir, name: &str) -> Result<Option<String>> {
         .map_err(|e| anyhow!(e).context(format!("reading the state file {INSTALL_DIR}/{name} (UTF-8 JSON)")))?;
     if text.len() as u64 > MAX_STATE_BYTES {
         bail!(
-            "the state file {INSTALL_DIR}/{name} is larger than {MAX_STATE_BYTES} bytes: refused; nothing was changed"
+            "the state file {INSTALL_DIR}/{name} is larger than {MAX_STATE_BYTES} bytes: refused; nothing was \
+             changed ({START_OVER})"
         );
     }
     Ok(Some(text))
