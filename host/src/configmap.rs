@@ -255,7 +255,17 @@ fn read_key_files(dir: &Path) -> Result<Vec<KeyValue>> {
 pub fn from_env(vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>) -> Result<Vec<KeyValue>> {
     let mut out = BTreeMap::new();
     for (k, v) in vars {
-        let Some(name) = k.to_str() else { continue };
+        let Some(name) = k.to_str() else {
+            // Not ours unless it claims our prefix; one that does is a broken input, not noise.
+            use std::os::unix::ffi::OsStrExt;
+            if k.as_bytes().starts_with(ENV_PREFIX.as_bytes()) {
+                return Err(invalid(format!(
+                    "environment variable {} is not a valid name (not UTF-8); ADDON_* names are ASCII",
+                    k.to_string_lossy()
+                )));
+            }
+            continue;
+        };
         if !name.starts_with(ENV_PREFIX) || RUNNER_ENV.contains(&name) {
             continue;
         }
@@ -310,5 +320,16 @@ mod tests {
         let vars = vec![("ADDON_IMAGE".into(), std::ffi::OsString::from_vec(b"quay.io/a/b:\xff".to_vec()))];
         let e = from_env(vars.into_iter()).expect_err("refused");
         assert!(is_invalid_config(&e), "{e:#}");
+    }
+
+    #[test]
+    fn env_name_not_utf8_with_our_prefix_is_invalid_configuration() {
+        use std::os::unix::ffi::OsStringExt;
+        let ours = vec![(std::ffi::OsString::from_vec(b"ADDON_\xffIMAGE".to_vec()), "x".into())];
+        let e = from_env(ours.into_iter()).expect_err("refused");
+        assert!(is_invalid_config(&e), "{e:#}");
+        assert!(format!("{e:#}").contains("ADDON_"), "{e:#}");
+        let other = vec![(std::ffi::OsString::from_vec(b"LANG\xff".to_vec()), "x".into())];
+        assert!(from_env(other.into_iter()).expect("not ours").is_empty());
     }
 }
