@@ -241,7 +241,8 @@ fn model_resolve(t: &Tree, wanted: &str) -> R {
             Some(M::File(data)) => return if todo.is_empty() { R::File(data.clone()) } else { R::NoFile },
             Some(M::Symlink(target)) => {
                 hops += 1;
-                if hops > 40 {
+                // An empty target resolves to nothing (ENOENT), as in the kernel.
+                if hops > 40 || target.is_empty() {
                     return R::NoFile;
                 }
                 cur.pop();
