@@ -157,34 +157,26 @@ impl Session {
         let (http, base, (status, challenge)) = if endpoint.insecure {
             // containers/image: an insecure registry is pinged over HTTPS without
             // verification once, then over plain HTTP.
-            let once = tokio::time::timeout(opts.timeout, ping_once(&verified, &https)).await;
-            match once {
-                Ok(Ok(r)) => (verified, https, r),
-                Ok(Err(f)) => {
-                    let e = f.into_inner();
+            let first = match tokio::time::timeout(opts.timeout, ping_once(&verified, &https)).await {
+                Ok(Ok(r)) => Ok(r),
+                Ok(Err(f)) => Err(f.into_inner()),
+                Err(_) => Err(anyhow!("timed out after {} s", opts.timeout.as_secs_f64())),
+            };
+            match first {
+                Ok(r) => (verified, https, r),
+                Err(e) => {
                     tracing::debug!("{what}: HTTPS failed ({e:#}), trying plain HTTP (insecure)");
                     // The same client (no certificate verification): as in containers/image,
                     // one transport serves the insecure registry over both schemes, redirects
                     // to HTTPS blob storage included. Loading the system roots for a second
                     // client would cost ~10-20 ms on every pull.
-                    let plain = verified.clone();
                     let base = format!("http://{host}");
                     let r = with_retry(retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
-                        ping_once(&plain, &base)
+                        ping_once(&verified, &base)
                     })
                     .await
                     .map_err(|e2| e2.context(format!("HTTPS failed too: {e:#}")))?;
-                    (plain, base, r)
-                }
-                Err(_) => {
-                    tracing::debug!("{what}: HTTPS timed out, trying plain HTTP (insecure)");
-                    let plain = verified.clone();
-                    let base = format!("http://{host}");
-                    let r = with_retry(retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
-                        ping_once(&plain, &base)
-                    })
-                    .await?;
-                    (plain, base, r)
+                    (verified, base, r)
                 }
             }
         } else {
