@@ -15,6 +15,7 @@ pub mod policy;
 pub mod preview;
 pub mod progress;
 pub mod runtime;
+pub mod runtime_class;
 pub mod source;
 pub mod state;
 pub mod trust;

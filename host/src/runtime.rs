@@ -50,7 +50,7 @@ pub struct Selection {
 }
 
 /// Resolves one node path inside the root; `Some` if it leads to a regular file.
-fn resolve_file(root: &Root, node_path: &str) -> Result<Option<RuntimeConfig>> {
+pub(crate) fn resolve_file(root: &Root, node_path: &str) -> Result<Option<RuntimeConfig>> {
     let rel = root.resolve(node_path).with_context(|| format!("resolving the runtime config {node_path}"))?;
     match root.dir().metadata(&rel) {
         Ok(m) if m.is_file() => {

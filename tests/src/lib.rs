@@ -6,6 +6,8 @@
 //!   registry's filesystem storage directly, so tests can also store broken content;
 //! - [`proxy`]: a fault-injecting HTTP proxy (503s, cut connections, stalls) with a request log;
 //! - [`tls`]: a test CA and server certificate made with the `openssl` command;
+//! - [`cri`]: node roots in kata-deploy's formats (Kata shims, custom runtimes, CRI-O and
+//!   containerd handlers) and containerd's own `config dump` as the oracle;
 //! - [`admission`]: an HTTPS client and AdmissionReview bodies for `kata-addons webhook`;
 //! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
@@ -15,6 +17,7 @@
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
 
 pub mod admission;
+pub mod cri;
 pub mod fileserver;
 pub mod guests;
 pub mod hostile;

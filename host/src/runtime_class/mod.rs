@@ -1,0 +1,222 @@
+//! RuntimeClass handlers resolved the way the node's container runtime resolves them
+//! (DESIGN §6 "RuntimeClass"): CRI-O's and containerd's own configuration say which Kata
+//! `configuration*.toml` a handler runs, and that file is checked to be a Kata
+//! configuration of the provider's TEE. Facts only, every file read beneath `--root`.
+//!
+//! Refusals (an unknown handler, a missing or dangling config path, a runtime that is not
+//! Kata, another TEE, a runtime configuration Kata cannot load) name the handler and every
+//! CRI file read; one bad handler refuses the whole list.
+
+mod containerd;
+mod crio;
+mod files;
+mod tee;
+
+use std::collections::BTreeMap;
+
+use anyhow::{Result, bail};
+
+use crate::node::Root;
+use crate::runtime::{self, RuntimeConfig};
+
+pub use tee::Tee;
+
+/// What a container runtime's configuration says about one handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handler {
+    /// `runtime_type` (CRI-O `vm`/`oci`, containerd `io.containerd.<name>.v2`).
+    pub runtime_type: Option<String>,
+    /// `runtime_path`: the shim or OCI runtime binary.
+    pub runtime_path: Option<String>,
+    /// The Kata configuration: CRI-O `runtime_config_path`, containerd `options.ConfigPath`.
+    pub config_path: Option<String>,
+    /// containerd `options.BinaryName` (the OCI runtime of a runc-type shim).
+    pub binary_name: Option<String>,
+    /// Node path of the file that defined the handler last.
+    pub defined_in: String,
+}
+
+impl Handler {
+    /// The handler's runtime settings, as a message shows them.
+    fn describe(&self) -> String {
+        let show = |k: &str, v: &Option<String>| v.as_ref().map(|v| format!("{k} = {v:?}"));
+        let parts: Vec<String> = [
+            show("runtime_type", &self.runtime_type),
+            show("runtime_path", &self.runtime_path),
+            show("BinaryName", &self.binary_name),
+            show("config path", &self.config_path),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if parts.is_empty() { "no settings".to_string() } else { parts.join(", ") }
+    }
+}
+
+/// One container runtime's configuration as found on the node.
+#[derive(Debug, Clone, Default)]
+pub struct CriConfig {
+    /// Which runtime and distribution (`CRI-O`, `containerd`, `k3s containerd`, ...).
+    pub runtime: String,
+    /// Node paths of every file read, in the order the runtime reads them.
+    pub files: Vec<String>,
+    /// The handlers it defines.
+    pub handlers: BTreeMap<String, Handler>,
+    /// Handlers whose definition depends on something the files do not say (why).
+    pub disputed: BTreeMap<String, String>,
+    /// Why the runtime itself cannot load this configuration, if it cannot.
+    pub broken: Option<String>,
+}
+
+/// Every container runtime configuration present on the node (CRI-O, then each
+/// distribution's containerd).
+pub fn read_cri_configs(root: &Root) -> Result<Vec<CriConfig>> {
+    let mut out = Vec::new();
+    if let Some(c) = crio::read(root)? {
+        out.push(c);
+    }
+    out.extend(containerd::read_all(root)?);
+    Ok(out)
+}
+
+/// Node directories whose changes can change what a handler resolves to: every directory
+/// of a CRI file read, and the places the runtimes look for their configuration.
+pub fn watched_dirs(configs: &[CriConfig]) -> Vec<String> {
+    let mut dirs: Vec<String> = crio::DIRS.iter().chain(containerd::DIRS).map(|d| d.to_string()).collect();
+    for c in configs {
+        for f in &c.files {
+            if let Some((d, _)) = f.rsplit_once('/') {
+                dirs.push(if d.is_empty() { "/".to_string() } else { d.to_string() });
+            }
+        }
+    }
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// One handler resolved to the Kata runtime configuration it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The RuntimeClass handler.
+    pub handler: String,
+    /// The container runtime that defines it (`CRI-O`, `containerd`, ...).
+    pub runtime: String,
+    /// The config path as the CRI configuration names it, resolved on the node.
+    pub config: RuntimeConfig,
+}
+
+/// What one handler resolves to, or why it cannot be used.
+fn resolve_one(root: &Root, configs: &[CriConfig], handler: &str, tee: Tee) -> Result<Target, String> {
+    let mut found: Vec<(&CriConfig, &Handler)> = Vec::new();
+    for c in configs {
+        if let Some(why) = c.disputed.get(handler) {
+            return Err(format!("{}: {why}", c.runtime));
+        }
+        if let Some(h) = c.handlers.get(handler) {
+            found.push((c, h));
+        }
+    }
+    if found.is_empty() {
+        if let Some(c) = configs.iter().find(|c| c.broken.is_some()) {
+            return Err(format!(
+                "no container runtime on the node defines it, and {} cannot load its configuration: {}",
+                c.runtime,
+                c.broken.as_deref().unwrap_or_default()
+            ));
+        }
+        if crio::is_builtin(handler) && configs.iter().any(|c| c.runtime == crio::RUNTIME) {
+            return Err(format!("it is CRI-O's built-in `{handler}` runtime, not Kata Containers"));
+        }
+        return Err(if configs.is_empty() {
+            "no container runtime configuration was found on the node (CRI-O or containerd)".to_string()
+        } else {
+            "no container runtime on the node defines this handler".to_string()
+        });
+    }
+    let (a, ha) = found[0];
+    if let Some((b, hb)) = found.iter().find(|(_, h)| h.config_path != ha.config_path) {
+        return Err(format!(
+            "{} ({}) and {} ({}) define it differently: {} vs {}",
+            a.runtime,
+            ha.defined_in,
+            b.runtime,
+            hb.defined_in,
+            ha.describe(),
+            hb.describe()
+        ));
+    }
+    let (cri, h) = found[0];
+    if let Some(broken) = &cri.broken {
+        return Err(format!("{} cannot load its configuration: {broken}", cri.runtime));
+    }
+    let is_kata = if cri.runtime == crio::RUNTIME { crio::is_kata(handler, h) } else { containerd::is_kata(h) };
+    if !is_kata {
+        return Err(format!(
+            "{} defines it ({}) as a runtime that is not Kata Containers: {}",
+            cri.runtime,
+            h.defined_in,
+            h.describe()
+        ));
+    }
+    let Some(config_path) = h.config_path.as_deref().filter(|p| !p.is_empty()) else {
+        return Err(format!(
+            "{} defines it ({}) without a Kata configuration path ({}): Kata would pick a default configuration \
+             kata-addons cannot tell",
+            cri.runtime,
+            h.defined_in,
+            if cri.runtime == crio::RUNTIME { "runtime_config_path" } else { "options.ConfigPath" }
+        ));
+    };
+    if !crate::policy::is_clean_abs_path(config_path) {
+        return Err(format!(
+            "{} names the Kata configuration {config_path:?} ({}), which is not a clean absolute path",
+            cri.runtime, h.defined_in
+        ));
+    }
+    let config = match runtime::resolve_file(root, config_path) {
+        Ok(Some(rc)) => rc,
+        Ok(None) => {
+            return Err(format!(
+                "its Kata configuration {config_path} (named by {}) does not exist on the node (missing, or a \
+                 dangling symlink)",
+                h.defined_in
+            ));
+        }
+        Err(e) => return Err(format!("its Kata configuration {config_path} (named by {}): {e:#}", h.defined_in)),
+    };
+    tee::check(root, &config, tee).map_err(|why| format!("{}: {why}", config.resolved))?;
+    Ok(Target { handler: handler.to_string(), runtime: cri.runtime.clone(), config })
+}
+
+/// Resolves every handler (in the given order) to its Kata runtime configuration and
+/// checks each is one of `tee`. Any problem with any handler refuses the whole list: the
+/// error names each bad handler, why, and every CRI file read.
+pub fn resolve(root: &Root, handlers: &[String], tee: Tee) -> Result<Vec<Target>> {
+    let configs = read_cri_configs(root)?;
+    resolve_in(root, &configs, handlers, tee)
+}
+
+/// [`resolve`] with the CRI configurations already read.
+pub fn resolve_in(root: &Root, configs: &[CriConfig], handlers: &[String], tee: Tee) -> Result<Vec<Target>> {
+    let mut targets = Vec::new();
+    let mut problems = Vec::new();
+    for h in handlers {
+        match resolve_one(root, configs, h, tee) {
+            Ok(t) => targets.push(t),
+            Err(why) => problems.push(format!("runtimeClass handler `{h}`: {why}")),
+        }
+    }
+    if !problems.is_empty() {
+        let files: Vec<&str> = configs.iter().flat_map(|c| c.files.iter().map(String::as_str)).collect();
+        bail!(
+            "refusing the RuntimeClass handlers (nothing was changed):\n  {}\nCRI configuration files read: {}",
+            problems.join("\n  "),
+            if files.is_empty() { "none found".to_string() } else { files.join(", ") }
+        );
+    }
+    Ok(targets)
+}
+
+#[cfg(test)]
+mod tests;

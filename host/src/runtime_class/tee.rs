@@ -1,0 +1,134 @@
+//! Which TEE a Kata runtime configuration boots, from the facts Kata itself reads: the
+//! effective hypervisor table of the file and its `config.d` fragments (kata-addons' own
+//! drop-in left out), and the file's place in a known layout.
+//!
+//! Facts (kata-containers 7c6ba40, `src/runtime/config/configuration-qemu-*.toml.in` and
+//! `src/runtime-rs/config/configuration-qemu-*-runtime-rs.toml.in`): every TEE
+//! configuration has `[hypervisor.qemu]` with `confidential_guest = true`; SNP ones (plain
+//! and NVIDIA GPU) also `sev_snp_guest = true`; TDX ones `tdx_quote_generation_service_socket_port`;
+//! IBM SE ones `machine_type = "s390-ccw-virtio"`. kata-deploy names a shim's file
+//! `configuration-<shim>.toml` (a custom runtime's `configuration-<base shim>.toml`), and
+//! OpenShift `/etc/kata-containers/kata-<tee>/configuration.toml`.
+
+use crate::node::Root;
+use crate::runtime::{self, RuntimeConfig};
+
+/// A confidential-computing technology a provider boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tee {
+    /// IBM Secure Execution.
+    Se,
+    /// Intel TDX.
+    Tdx,
+    /// AMD SEV-SNP.
+    Snp,
+}
+
+impl Tee {
+    /// The provider name (`se`, `tdx`, `snp`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tee::Se => "se",
+            Tee::Tdx => "tdx",
+            Tee::Snp => "snp",
+        }
+    }
+
+    /// The TEE of a provider.
+    pub fn of(p: crate::policy::Provider) -> Tee {
+        match p {
+            crate::policy::Provider::Se => Tee::Se,
+            crate::policy::Provider::Tdx => Tee::Tdx,
+            crate::policy::Provider::Snp => Tee::Snp,
+        }
+    }
+
+    fn from_suffix(s: &str) -> Option<Tee> {
+        match s {
+            "se" => Some(Tee::Se),
+            "tdx" => Some(Tee::Tdx),
+            "snp" => Some(Tee::Snp),
+            _ => None,
+        }
+    }
+}
+
+/// The TEE a runtime configuration's path says: OpenShift's `kata-<tee>/configuration.toml`,
+/// or a kata-deploy shim `configuration-<...>-<tee>[-runtime-rs].toml`.
+pub(crate) fn of_layout(node_path: &str) -> Option<Tee> {
+    let mut parts = node_path.rsplit('/');
+    let file = parts.next()?;
+    if file == "configuration.toml" {
+        return parts.next()?.strip_prefix("kata-").and_then(Tee::from_suffix);
+    }
+    let shim = file.strip_prefix("configuration-")?.strip_suffix(".toml")?;
+    let shim = shim.strip_suffix("-runtime-rs").unwrap_or(shim);
+    Tee::from_suffix(shim.rsplit('-').next()?)
+}
+
+/// Checks that `rc` is a Kata configuration Kata loads and that it boots `tee`; the error
+/// says what the file and its fragments say instead.
+pub(crate) fn check(root: &Root, rc: &RuntimeConfig, tee: Tee) -> Result<(), String> {
+    let ours = crate::state::validate::DROP_IN_NAME;
+    let fragments: Vec<runtime::Fragment> = runtime::fragments(root, &rc.rel)
+        .map_err(|e| format!("{e:#}"))?
+        .into_iter()
+        .filter(|f| !f.path.ends_with(&format!("/{}/{ours}", runtime::CONFIG_D)))
+        .collect();
+    for f in &fragments {
+        if let Err(why) = &f.table {
+            return Err(format!("Kata cannot load this configuration: {}: {why}", f.path));
+        }
+    }
+    let get = |k: &str| runtime::effective(&fragments, &["hypervisor", "qemu", k]);
+    let mut hypervisors: Vec<String> = Vec::new();
+    for f in &fragments {
+        if let Ok(t) = &f.table
+            && let Some(h) = t.get("hypervisor").and_then(toml::Value::as_table)
+        {
+            for k in h.keys() {
+                if !hypervisors.contains(k) {
+                    hypervisors.push(k.clone());
+                }
+            }
+        }
+    }
+    if !hypervisors.iter().any(|h| h == "qemu") {
+        return Err(format!(
+            "not a QEMU Kata configuration (hypervisor tables: {}): the {} provider boots [hypervisor.qemu]",
+            if hypervisors.is_empty() { "none".to_string() } else { hypervisors.join(", ") },
+            tee.name()
+        ));
+    }
+    let truthy = |k: &str| get(k).is_some_and(|s| s.value == "true");
+    if !truthy("confidential_guest") {
+        return Err(format!(
+            "not a confidential guest configuration (hypervisor.qemu.confidential_guest is {}): not a {} TEE",
+            get("confidential_guest").map_or("not set".to_string(), |s| format!("{} in {}", s.value, s.from)),
+            tee.name()
+        ));
+    }
+    let by_settings = if truthy("sev_snp_guest") {
+        Some((Tee::Snp, "sev_snp_guest = true"))
+    } else if get("tdx_quote_generation_service_socket_port").is_some() {
+        Some((Tee::Tdx, "tdx_quote_generation_service_socket_port is set"))
+    } else if get("machine_type").is_some_and(|s| s.value == "s390-ccw-virtio") {
+        Some((Tee::Se, "machine_type = \"s390-ccw-virtio\""))
+    } else {
+        None
+    };
+    let by_layout = of_layout(&rc.resolved).or_else(|| of_layout(&rc.named));
+    match (by_settings, by_layout) {
+        (Some((t, _)), _) if t == tee => Ok(()),
+        (Some((t, why)), _) => Err(format!("a {} configuration ({why}), not {}", t.name(), tee.name())),
+        (None, Some(t)) if t == tee => Ok(()),
+        (None, Some(t)) => {
+            Err(format!("a {} configuration by its place in the Kata layout, not {}", t.name(), tee.name()))
+        }
+        (None, None) => Err(format!(
+            "neither its settings (sev_snp_guest, tdx_quote_generation_service_socket_port, machine_type) nor its \
+             name say which TEE it boots; kata-addons does not guess that it is {}",
+            tee.name()
+        )),
+    }
+}
