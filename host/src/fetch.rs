@@ -23,6 +23,9 @@ pub struct Wanted {
     pub path: String,
     /// File name to write in the destination directory (no `/`).
     pub dest_name: String,
+    /// dm-verity parameters known before the fetch (a measured image or extension): the
+    /// tree is then computed while the file streams in ([`FetchedFile::streamed`]).
+    pub verity: Option<crate::verity::Params>,
 }
 
 /// One file written.
@@ -36,6 +39,8 @@ pub struct FetchedFile {
     pub sha256: String,
     /// Size in bytes.
     pub size: u64,
+    /// The dm-verity tree computed while the file streamed in, when [`Wanted::verity`] was given.
+    pub streamed: Option<crate::verity::Streamed>,
 }
 
 /// What a fetch did.
@@ -305,6 +310,7 @@ async fn read_layer(
     temps: &TempFiles,
     total: &Arc<AtomicU64>,
     budget: &Arc<IndexBudget>,
+    streams: &Arc<HashMap<String, crate::verity::Params>>,
 ) -> Result<layer::LayerOutput> {
     let compression =
         Compression::from_media_type(&desc.media_type).with_context(|| format!("layer {}", desc.digest))?;
@@ -325,6 +331,7 @@ async fn read_layer(
         total: total.clone(),
         max_decompressed: layer::layer_cap(desc.size, opts.limits.max_layer_ratio, opts.limits.max_layer_bytes),
         budget: budget.clone(),
+        streams: streams.clone(),
     };
     let thread = tokio::task::spawn_blocking(move || layer::run(job, rx));
     let bar = crate::progress::layer(&desc.digest, desc.size);
@@ -399,14 +406,26 @@ async fn extract(
     let budget = Arc::new(IndexBudget::new(opts.limits.max_index_entries, opts.limits.max_index_bytes));
     let top_first: Vec<&Descriptor> = resolved.layers.iter().rev().collect();
     let total = Arc::new(AtomicU64::new(0));
+    let streams: Arc<HashMap<String, crate::verity::Params>> =
+        Arc::new(paths.iter().zip(wanted).filter_map(|(p, w)| w.verity.clone().map(|v| (p.clone(), v))).collect());
     let mut indexes: Vec<Arc<LayerIndex>> = Vec::new();
     let mut captures: HashMap<(usize, String), Capture> = HashMap::new();
     let mut layers_read = Vec::new();
     let mut results: Vec<Resolution> = Vec::new();
     for (k, desc) in top_first.iter().enumerate() {
-        let out =
-            read_layer(opts, source, desc, k, indexes.clone(), Mode::Discover(paths.to_vec()), temps, &total, &budget)
-                .await?;
+        let out = read_layer(
+            opts,
+            source,
+            desc,
+            k,
+            indexes.clone(),
+            Mode::Discover(paths.to_vec()),
+            temps,
+            &total,
+            &budget,
+            &streams,
+        )
+        .await?;
         layers_read.push(desc.digest.clone());
         tracing::debug!("layer {k} {}: {} entries", desc.digest, out.index.len());
         indexes.push(Arc::new(out.index));
@@ -445,8 +464,19 @@ async fn extract(
         let set = reread.remove(&k).unwrap_or_default();
         let desc = top_first[k];
         tracing::debug!("reading layer {} again for {:?}", desc.digest, set);
-        let out =
-            read_layer(opts, source, desc, k, indexes[..k].to_vec(), Mode::Exact(set), temps, &total, &budget).await?;
+        let out = read_layer(
+            opts,
+            source,
+            desc,
+            k,
+            indexes[..k].to_vec(),
+            Mode::Exact(set),
+            temps,
+            &total,
+            &budget,
+            &streams,
+        )
+        .await?;
         layers_read.push(desc.digest.clone());
         for (p, c) in out.captures {
             if let Some(old) = captures.insert((k, p), c) {
@@ -484,6 +514,7 @@ async fn extract(
             dest_name: w.dest_name.clone(),
             sha256: c.sha256.clone(),
             size: c.size,
+            streamed: c.streamed.clone(),
         });
     }
     sync_dir(dir)?;
@@ -537,7 +568,7 @@ pub async fn run_fetch(
         if !seen.insert(base.clone()) {
             bail!("two paths have the same file name {base:?}; fetch them separately");
         }
-        wanted.push(Wanted { path: p.clone(), dest_name: base });
+        wanted.push(Wanted { path: p.clone(), dest_name: base, verity: None });
     }
     let conns = Connections::new();
     let place = dest.display().to_string();

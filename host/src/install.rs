@@ -422,6 +422,8 @@ async fn install_inner(
                 path: f.path.clone(),
                 sha256: sha.clone(),
                 size: *size,
+                filesystem: None,
+                verity: None,
             })
             .collect(),
         drop_ins: new_drop_ins,
@@ -519,8 +521,11 @@ async fn stage(
     staging: &str,
 ) -> Result<(String, Vec<(String, u64)>)> {
     let dir = t.addons.open_dir(staging).with_context(|| format!("opening {staging}"))?;
-    let wanted: Vec<Wanted> =
-        plan.artifacts.iter().map(|a| Wanted { path: a.source.clone(), dest_name: a.file_name.clone() }).collect();
+    let wanted: Vec<Wanted> = plan
+        .artifacts
+        .iter()
+        .map(|a| Wanted { path: a.source.clone(), dest_name: a.file_name.clone(), verity: None })
+        .collect();
     let started = Instant::now();
     let report = fetch::fetch_files_into(registry, conns, image, &wanted, &dir, &plan.install_dir)
         .await
@@ -989,7 +994,12 @@ pub struct Effective {
 
 /// Merges every fragment of one recorded runtime configuration; reports fragments Kata
 /// cannot load and every key of our drop-in that a later fragment overrides.
-fn check_effective(root: &Root, d: &DropInRecord, problems: &mut Vec<String>) -> Result<Option<Effective>> {
+fn check_effective(
+    root: &Root,
+    d: &DropInRecord,
+    installed: &[String],
+    problems: &mut Vec<String>,
+) -> Result<Option<Effective>> {
     let rc_rel = node::rel_path(&d.runtime_config);
     match root.dir().metadata(&rc_rel) {
         Ok(m) if m.is_file() => {}
@@ -1035,6 +1045,8 @@ fn check_effective(root: &Root, d: &DropInRecord, problems: &mut Vec<String>) ->
             }
         }
     }
+    let table_ref: Vec<&str> = table.iter().map(String::as_str).collect();
+    problems.extend(crate::runtime_facts::stale_extensions(&fragments, &d.path, &table_ref, installed));
     let get = |k: &str| {
         let mut path: Vec<&str> = table.iter().map(String::as_str).collect();
         path.push(k);
@@ -1081,8 +1093,9 @@ pub fn status(node_args: &NodeArgs) -> Result<Status> {
         check(&d.path, &d.sha256);
     }
     let mut effective = Vec::new();
+    let installed: Vec<String> = st.files.iter().map(|f| f.path.clone()).collect();
     for d in &st.drop_ins {
-        if let Some(e) = check_effective(&root, d, &mut problems)? {
+        if let Some(e) = check_effective(&root, d, &installed, &mut problems)? {
             effective.push(e);
         }
     }

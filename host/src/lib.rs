@@ -16,9 +16,11 @@ pub mod preview;
 pub mod progress;
 pub mod runtime;
 pub mod runtime_class;
+pub mod runtime_facts;
 pub mod source;
 pub mod state;
 pub mod trust;
+pub mod verity;
 pub mod webhook;
 
 use std::process::ExitCode;

@@ -32,6 +32,29 @@ pub struct FileRecord {
     pub sha256: String,
     /// Size in bytes.
     pub size: u64,
+    /// Filesystem found in the data partition (image, extension): `ext4`, `xfs` or `erofs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<String>,
+    /// The dm-verity parameters the file was verified against before the commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verity: Option<VerityRecord>,
+}
+
+/// dm-verity parameters a measured file was verified against (the tree computed over
+/// partition 1 gave `root_hash` and equalled the hash area on partition 2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerityRecord {
+    /// Root hash (64 hex).
+    pub root_hash: String,
+    /// Salt (hex).
+    pub salt: String,
+    /// Data blocks.
+    pub data_blocks: u64,
+    /// Data block size.
+    pub data_block_size: u32,
+    /// Hash block size.
+    pub hash_block_size: u32,
 }
 
 /// One installed drop-in: one per runtime configuration the addon was installed for.

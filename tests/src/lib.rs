@@ -8,6 +8,7 @@
 //! - [`tls`]: a test CA and server certificate made with the `openssl` command;
 //! - [`cri`]: node roots in kata-deploy's formats (Kata shims, custom runtimes, CRI-O and
 //!   containerd handlers) and containerd's own `config dump` as the oracle;
+//! - [`disk`]: measured guest disk images (mkfs.erofs/ext4/xfs, veritysetup, sfdisk) and the veritysetup oracle;
 //! - [`admission`]: an HTTPS client and AdmissionReview bodies for `kata-addons webhook`;
 //! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
@@ -18,6 +19,7 @@
 
 pub mod admission;
 pub mod cri;
+pub mod disk;
 pub mod fileserver;
 pub mod guests;
 pub mod hostile;

@@ -1175,8 +1175,12 @@ fn fetch_in_process(rt: &tokio::runtime::Runtime, dir: &Path, s: &Scenario) -> R
         ..Default::default()
     };
     let image = kata_addons::source::ImageRef::Layout { path: layout, tag: Some("v1".into()) };
-    let wanted: Vec<Wanted> =
-        s.wanted.iter().enumerate().map(|(i, p)| Wanted { path: p.clone(), dest_name: format!("w{i}") }).collect();
+    let wanted: Vec<Wanted> = s
+        .wanted
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Wanted { path: p.clone(), dest_name: format!("w{i}"), verity: None })
+        .collect();
     let res = rt.block_on(fetch_files(&opts, &image, &wanted, &dest_dir));
     let mut left: Vec<String> = std::fs::read_dir(&dest)
         .map_err(|e| e.to_string())?

@@ -125,6 +125,8 @@ pub struct Capture {
     pub sha256: String,
     /// Size in bytes.
     pub size: u64,
+    /// The dm-verity tree computed while the file was copied (measured images only).
+    pub streamed: Option<crate::verity::Streamed>,
 }
 
 /// Which files of a layer to copy out.
@@ -159,6 +161,9 @@ pub struct LayerJob {
     pub max_decompressed: u64,
     /// The merged index's budget (shared across layers).
     pub budget: Arc<IndexBudget>,
+    /// dm-verity parameters of files whose tree is computed while they are copied, by
+    /// normalised path.
+    pub streams: Arc<HashMap<String, crate::verity::Params>>,
 }
 
 /// Default for `--max-layer-ratio`: most decompressed bytes per compressed byte of a layer.
@@ -301,6 +306,7 @@ fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R,
     };
     let mut w = std::io::BufWriter::with_capacity(64 * 1024, file);
     let mut hasher = sha2::Sha256::new();
+    let mut stream = job.streams.get(path).map(|p| crate::verity::Stream::new(p.clone()));
     if open.buf.len() != 64 * 1024 {
         open.buf = vec![0u8; 64 * 1024];
     }
@@ -321,6 +327,9 @@ fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R,
             bail!("extracted files exceed the total limit of {} bytes", job.max_total_size);
         }
         hasher.update(&buf[..n]);
+        if let Some(s) = &mut stream {
+            s.update(&buf[..n]);
+        }
         w.write_all(&buf[..n]).with_context(|| format!("write temporary file {tmp}"))?;
         if n_total - started >= WRITEBACK_STEP {
             start_writeback(w.get_ref(), started, n_total - started);
@@ -329,7 +338,8 @@ fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R,
     }
     let file = w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("write temporary file {tmp}"))?;
     open.files.insert(path.to_string(), (tmp.clone(), file));
-    Ok(Capture { tmp, sha256: hex::encode(hasher.finalize()), size: n_total })
+    let streamed = stream.and_then(crate::verity::Stream::finish);
+    Ok(Capture { tmp, sha256: hex::encode(hasher.finalize()), size: n_total, streamed })
 }
 
 /// Makes a temporary file's data durable (before it is renamed to its final name).
@@ -514,6 +524,7 @@ mod tests {
             max_total_size: 1 << 30,
             total: Arc::default(),
             max_decompressed: 1 << 30,
+            streams: Arc::default(),
             budget: Arc::new(IndexBudget::default()),
         };
         let out = run_decompressed(job, tar.as_slice()).expect("walks");
