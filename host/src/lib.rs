@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod extract;
 pub mod fetch;
 pub mod install;
+pub mod kata_load;
 pub mod layout;
 pub mod lock;
 pub mod logging;

@@ -418,3 +418,43 @@ fn refusals_name_the_handler_and_every_file_read() {
     let e = refusal(&node, &["kata-qemu-snp"], Tee::Snp);
     assert!(e.contains("define it differently"), "{e}");
 }
+
+/// A handler whose config path changes in the CRI configuration is drift; the set follows
+/// `--runtime-config`; every Kata handler's configuration is a place kata-addons looks for
+/// its drop-ins.
+#[test]
+fn drift_selection_and_known_configurations() {
+    let node = Node::empty();
+    let kd = KataDeploy::new(&node);
+    kd.install_shim("qemu-nvidia-gpu-snp");
+    kd.install_shim("qemu-nvidia-gpu-snp-runtime-rs");
+    let (drop_in, _) = kd.containerd_drop_in(V2, &["qemu-nvidia-gpu-snp", "qemu-nvidia-gpu-snp-runtime-rs"], &[]);
+    node.write("/etc/containerd/config.toml", &format!("version = 2\nimports = [\"{drop_in}\"]\n"));
+    let root = Root::open(node.root()).expect("root");
+    let hs = vec!["kata-qemu-nvidia-gpu-snp".to_string(), "kata-qemu-nvidia-gpu-snp-runtime-rs".to_string()];
+    let all = runtime_class::discover(&root, &hs, Tee::Snp, &[], &Default::default()).expect("both");
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].handler.as_deref(), Some("kata-qemu-nvidia-gpu-snp"));
+    let only = kata_addons::runtime::Selection {
+        only: vec![kd.config_path("qemu-nvidia-gpu-snp-runtime-rs")],
+        ..Default::default()
+    };
+    let one = runtime_class::discover(&root, &hs, Tee::Snp, &[], &only).expect("restricted");
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].handler.as_deref(), Some("kata-qemu-nvidia-gpu-snp-runtime-rs"));
+    let mut known = runtime_class::config_paths(&root).expect("known");
+    known.sort();
+    assert_eq!(known, vec![kd.config_path("qemu-nvidia-gpu-snp-runtime-rs"), kd.config_path("qemu-nvidia-gpu-snp")]);
+
+    let recorded = vec![("kata-qemu-nvidia-gpu-snp".to_string(), kd.config_path("qemu-nvidia-gpu-snp"))];
+    assert!(runtime_class::drift(&root, &recorded, Tee::Snp).expect("drift").is_empty());
+    // kata-deploy points the handler at another shim's configuration.
+    let (_, text) = kd.containerd_drop_in(V2, &["qemu-nvidia-gpu-snp-runtime-rs"], &[]);
+    let moved = text.replace("kata-qemu-nvidia-gpu-snp-runtime-rs", "kata-qemu-nvidia-gpu-snp");
+    node.write(&drop_in, &moved);
+    let d = runtime_class::drift(&root, &recorded, Tee::Snp).expect("drift");
+    assert!(d.len() == 1 && d[0].contains("now runs") && d[0].contains("runtime-rs"), "{d:?}");
+    node.write(&drop_in, "");
+    let d = runtime_class::drift(&root, &recorded, Tee::Snp).expect("drift");
+    assert!(d.len() == 1 && d[0].contains("no longer resolves"), "{d:?}");
+}

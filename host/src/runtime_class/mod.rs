@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 
-use crate::node::Root;
-use crate::runtime::{self, RuntimeConfig};
+use crate::node::{self, Root};
+use crate::runtime::{self, RuntimeConfig, Selection};
 
 pub use tee::Tee;
 
@@ -93,6 +93,23 @@ pub fn watched_dirs(configs: &[CriConfig]) -> Vec<String> {
     dirs.sort();
     dirs.dedup();
     dirs
+}
+
+/// The config path of every Kata handler the node's CRI configurations define (node
+/// paths as written, each once): where kata-addons may have written a drop-in.
+pub fn config_paths(root: &Root) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for c in read_cri_configs(root)? {
+        for (name, h) in &c.handlers {
+            let kata = if c.runtime == crio::RUNTIME { crio::is_kata(name, h) } else { containerd::is_kata(h) };
+            if let Some(p) = h.config_path.as_ref().filter(|p| kata && crate::policy::is_clean_abs_path(p))
+                && !out.contains(p)
+            {
+                out.push(p.clone());
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// One handler resolved to the Kata runtime configuration it runs.
@@ -216,6 +233,100 @@ pub fn resolve_in(root: &Root, configs: &[CriConfig], handlers: &[String], tee: 
         );
     }
     Ok(targets)
+}
+
+/// A runtime configuration a plan installs for, and the handler that named it (`None`: one
+/// of the provider's standard configurations).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chosen {
+    /// The resolved configuration.
+    pub config: RuntimeConfig,
+    /// The RuntimeClass handler, if the configuration was reached through one.
+    pub handler: Option<String>,
+}
+
+/// The runtime configurations to install for: without handlers, the provider's standard
+/// set ([`runtime::discover`]); with handlers, what they resolve to ([`resolve`]), one per
+/// file (the first handler naming it), restricted by `--runtime-config`, and never a
+/// `config.d` other configurations also read unless that is explicitly allowed.
+pub fn discover(
+    root: &Root,
+    handlers: &[String],
+    tee: Tee,
+    candidates: &[String],
+    sel: &Selection,
+) -> Result<Vec<Chosen>> {
+    if handlers.is_empty() {
+        return Ok(runtime::discover(root, candidates, sel)?
+            .into_iter()
+            .map(|config| Chosen { config, handler: None })
+            .collect());
+    }
+    let mut chosen: Vec<Chosen> = Vec::new();
+    for t in resolve(root, handlers, tee)? {
+        if !chosen.iter().any(|c| c.config.config_d_rel() == t.config.config_d_rel()) {
+            chosen.push(Chosen { config: t.config, handler: Some(t.handler) });
+        }
+    }
+    if !sel.only.is_empty() {
+        for want in &sel.only {
+            let rel = runtime::resolve_file(root, want)?.map(|w| w.rel);
+            if !chosen.iter().any(|c| c.config.named == *want || Some(&c.config.rel) == rel.as_ref()) {
+                bail!(
+                    "--runtime-config {want} is not what the RuntimeClass handlers resolve to ({})",
+                    chosen
+                        .iter()
+                        .map(|c| format!("{} -> {}", c.handler.as_deref().unwrap_or_default(), c.config.resolved))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        chosen.retain(|c| {
+            sel.only.iter().any(|w| {
+                *w == c.config.named
+                    || runtime::resolve_file(root, w).ok().flatten().is_some_and(|r| r.rel == c.config.rel)
+            })
+        });
+    }
+    if !sel.allow_shared_config_d {
+        for c in &chosen {
+            let others = runtime::sharing_config_d(root, &c.config)?;
+            if !others.is_empty() {
+                bail!(
+                    "refusing to write into {}: RuntimeClass handler `{}` runs {}, but {} also read that config.d, so \
+                     the addon would change them too; pass --allow-shared-config-d to accept that",
+                    node::node_path(&c.config.config_d_rel()),
+                    c.handler.as_deref().unwrap_or_default(),
+                    c.config.resolved,
+                    others.join(", ")
+                );
+            }
+        }
+    }
+    Ok(chosen)
+}
+
+/// What changed for recorded handlers since install: one line per handler that no longer
+/// resolves, or now runs another configuration than the one its drop-in was written for
+/// (`recorded`: handler and the node path of that configuration).
+pub fn drift(root: &Root, recorded: &[(String, String)], tee: Tee) -> Result<Vec<String>> {
+    if recorded.is_empty() {
+        return Ok(Vec::new());
+    }
+    let configs = read_cri_configs(root)?;
+    let mut out = Vec::new();
+    for (handler, was) in recorded {
+        match resolve_one(root, &configs, handler, tee) {
+            Ok(t) if &t.config.resolved == was => {}
+            Ok(t) => out.push(format!(
+                "RuntimeClass handler `{handler}` now runs {} ({} changed), not {was} which the drop-in was written for",
+                t.config.resolved, t.runtime
+            )),
+            Err(why) => out.push(format!("RuntimeClass handler `{handler}` no longer resolves: {why}")),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
