@@ -270,7 +270,7 @@ pub enum Command {
         watch: Watch,
     },
     /// Validating admission webhook for the ConfigMap `kata-addon-artifacts` (HTTPS).
-    Webhook(crate::webhook::WebhookArgs),
+    Webhook(WebhookArgs),
     /// Policy component tools.
     Policy {
         /// Policy subcommand.
@@ -329,4 +329,91 @@ pub enum Watch {
     Poll,
     /// No change notification: drift is found by the periodic `--resync` only.
     None,
+}
+
+/// `kata-addons webhook` options (DESIGN.md §7; the README's webhook section).
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// Address and port to serve HTTPS on.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: std::net::SocketAddr,
+    /// Also serve `/healthz` and `/readyz` over plain HTTP here, with connection slots of
+    /// their own, so that the probes answer however busy the HTTPS port is.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub probe_listen: Option<std::net::SocketAddr>,
+    /// Server certificate chain (PEM), re-read when it changes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: PathBuf,
+    /// Server private key (PEM), re-read when it changes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: PathBuf,
+    /// Most policy evaluations at once (1-4) [default: the number of CPUs, at most 4].
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<usize>,
+    /// Longest time for one review, queueing included, in seconds (keep it below the
+    /// webhook configuration's timeoutSeconds).
+    #[arg(long, value_name = "SECONDS", default_value_t = 4.0)]
+    pub review_timeout: f64,
+    /// How often the certificate files are checked for changes, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub cert_poll_interval: f64,
+    /// After SIGTERM, keep serving (with /readyz failing) this long, in seconds, so that
+    /// the Service stops routing here before the listener closes.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
+    pub shutdown_delay: f64,
+    /// Longest wait for in-flight requests after the listener closed, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20.0)]
+    pub shutdown_timeout: f64,
+    /// Close a connection that has had no request in flight this long, in seconds
+    /// (keep-alive, HTTP/2, or one that never sent a request).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub idle_timeout: f64,
+    /// Most open HTTPS connections; further ones are closed at once.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Most open HTTPS connections from one source address.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_connections_per_ip: usize,
+    /// Most MiB of request bodies held at once over all connections (a body takes its
+    /// declared length, or 3 MiB, before it is read; beyond this reviews wait, then get 503).
+    #[arg(long, value_name = "MIB", default_value_t = 32)]
+    pub body_budget: usize,
+}
+
+/// A number of seconds within `min..=max`.
+fn seconds(name: &str, v: f64, min: f64, max: f64) -> anyhow::Result<std::time::Duration> {
+    if !(v.is_finite() && v >= min && v <= max) {
+        anyhow::bail!("--{name} must be between {min} and {max} seconds, got {v}");
+    }
+    Ok(std::time::Duration::from_secs_f64(v))
+}
+
+/// A count within `min..=max`.
+fn count(name: &str, v: usize, min: usize, max: usize) -> anyhow::Result<usize> {
+    if !(min..=max).contains(&v) {
+        anyhow::bail!("--{name} must be between {min} and {max}, got {v}");
+    }
+    Ok(v)
+}
+
+impl WebhookArgs {
+    /// The webhook's options, every value checked against its range.
+    pub fn options(&self) -> anyhow::Result<crate::webhook::Options> {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get()).min(4);
+        Ok(crate::webhook::Options {
+            listen: self.listen,
+            probe_listen: self.probe_listen,
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            concurrency: count("concurrency", self.concurrency.unwrap_or(cpus), 1, 4)?,
+            review_timeout: seconds("review-timeout", self.review_timeout, 0.01, 30.0)?,
+            cert_poll: seconds("cert-poll-interval", self.cert_poll_interval, 0.05, 3600.0)?,
+            shutdown_delay: seconds("shutdown-delay", self.shutdown_delay, 0.0, 300.0)?,
+            shutdown_timeout: seconds("shutdown-timeout", self.shutdown_timeout, 0.0, 300.0)?,
+            idle_timeout: seconds("idle-timeout", self.idle_timeout, 0.1, 3600.0)?,
+            max_connections: count("max-connections", self.max_connections, 1, 65536)?,
+            max_connections_per_ip: count("max-connections-per-ip", self.max_connections_per_ip, 1, 65536)?,
+            body_budget: count("body-budget", self.body_budget, 3, 1024)? << 20,
+        })
+    }
 }

@@ -181,8 +181,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::from(st.exit_code()))
         }
         Command::Webhook(args) => {
+            let opts = args.options()?;
             let policy = load_policy(&g)?;
-            runtime()?.block_on(webhook::serve(&args, policy))?;
+            runtime()?.block_on(webhook::serve(&opts, policy))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Daemon {

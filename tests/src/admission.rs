@@ -204,7 +204,25 @@ impl Client {
     }
 
     async fn tls(&self, proto: Proto) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-        let tcp = TcpStream::connect(self.addr).await?;
+        self.tls_from(None, proto).await
+    }
+
+    /// A TLS connection (ALPN `proto`) from the local address `from` (any of 127.0.0.0/8
+    /// is a distinct source address on Linux loopback), nothing sent after the handshake.
+    pub async fn tls_from(
+        &self,
+        from: Option<std::net::IpAddr>,
+        proto: Proto,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let tcp = match from {
+            None => TcpStream::connect(self.addr).await?,
+            Some(ip) => {
+                let socket =
+                    if ip.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+                socket.bind(SocketAddr::new(ip, 0))?;
+                socket.connect(self.addr).await?
+            }
+        };
         tcp.set_nodelay(true)?;
         let name = rustls_pki_types::ServerName::IpAddress(self.addr.ip().into());
         self.connector(proto).connect(name, tcp).await
@@ -219,7 +237,12 @@ impl Client {
 
     /// Opens a connection speaking `proto` (checks that ALPN agreed on it).
     pub async fn connect(&self, proto: Proto) -> std::io::Result<Conn> {
-        let tls = self.tls(proto).await?;
+        self.connect_from(None, proto).await
+    }
+
+    /// Opens a connection speaking `proto` from the local address `from`.
+    pub async fn connect_from(&self, from: Option<std::net::IpAddr>, proto: Proto) -> std::io::Result<Conn> {
+        let tls = self.tls_from(from, proto).await?;
         let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
         let io = TokioIo::new(tls);
         let map = |e: hyper::Error| std::io::Error::other(e);
@@ -291,6 +314,8 @@ pub struct Webhook {
     child: Child,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Its plain-HTTP probe listener.
+    pub probe_addr: SocketAddr,
     /// Its stderr (logs).
     pub log: PathBuf,
     _dir: tempfile::TempDir,
@@ -315,6 +340,7 @@ impl Webhook {
         let log = dir.path().join("webhook.log");
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let probe_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let mut cmd = Command::new(crate::kata_addons_bin());
         cmd.arg("--cache-dir")
             .arg(cache_dir())
@@ -326,6 +352,8 @@ impl Webhook {
             .arg(cert)
             .arg("--tls-key")
             .arg(key)
+            .arg("--probe-listen")
+            .arg(probe_addr.to_string())
             .args(extra)
             .env("HOME", dir.path())
             .env("RUST_LOG", "info")
@@ -333,7 +361,7 @@ impl Webhook {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"));
         let child = cmd.spawn().expect("start kata-addons webhook");
-        let mut w = Webhook { child, addr, log, _dir: dir };
+        let mut w = Webhook { child, addr, probe_addr, log, _dir: dir };
         w.wait_healthy(ca);
         w
     }
@@ -354,6 +382,18 @@ impl Webhook {
             assert!(Instant::now() < deadline, "webhook not healthy in 60 s:\n{}", self.logs());
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// `GET path` on the plain-HTTP probe listener: the status, or the error.
+    pub async fn probe(&self, path: &str) -> std::io::Result<u16> {
+        probe(self.probe_addr, path).await
+    }
+
+    /// Its peak resident set size so far (`VmHWM` of `/proc/<pid>/status`), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmHWM value")
     }
 
     /// Its process id.
@@ -390,4 +430,21 @@ impl Drop for Webhook {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET path` over plain HTTP/1.1 on a new connection to `addr`: the status.
+pub async fn probe(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
+    let tcp = TcpStream::connect(addr).await?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.map_err(std::io::Error::other)?;
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .uri(path)
+        .header("host", "127.0.0.1")
+        .body(full(Bytes::new()))
+        .map_err(std::io::Error::other)?;
+    let resp = send.send_request(req).await.map_err(std::io::Error::other)?;
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.map_err(std::io::Error::other)?;
+    Ok(status)
 }

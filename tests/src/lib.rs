@@ -10,6 +10,7 @@
 //!   containerd handlers) and containerd's own `config dump` as the oracle;
 //! - [`disk`]: measured guest disk images (mkfs.erofs/ext4/xfs, veritysetup, sfdisk) and the veritysetup oracle;
 //! - [`admission`]: an HTTPS client and AdmissionReview bodies for `kata-addons webhook`;
+//! - [`abuse`]: idle connections, trickling bodies and 3 MiB floods against the webhook;
 //! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
 //! - [`hostile`]: a raw tar writer for hostile layers and the catalogue `bench/hostile` measures;
@@ -17,6 +18,7 @@
 //! - [`measure`]: run the binary and read its peak RSS and CPU time;
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
 
+pub mod abuse;
 pub mod admission;
 pub mod cri;
 pub mod disk;

@@ -1219,9 +1219,20 @@ fn webhook_deployment_is_unprivileged_and_its_flags_exist() {
     ] {
         let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap_or_else(|| panic!("{what} probe"));
         assert_eq!(get.path.as_deref(), Some(path), "{what}");
-        assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{what}");
-        assert_eq!(get.port, IntOrString::String("https".into()), "{what}");
+        assert_eq!(get.scheme.as_deref(), Some("HTTP"), "{what}");
+        assert_eq!(get.port, IntOrString::String("probes".into()), "{what}");
     }
+    // The probes have a plain-HTTP listener of their own (a flood of the HTTPS port cannot
+    // fail them); it is the container port they name, and the Service does not expose it.
+    let probes = c.ports.as_ref().and_then(|p| p.iter().find(|p| p.name.as_deref() == Some("probes"))).expect("port");
+    let probe_listen = w.probe_listen.expect("--probe-listen");
+    assert_eq!(i32::from(probe_listen.port()), probes.container_port);
+    assert_ne!(probe_listen.port(), w.listen.port());
+    let svc_ports = b.service.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default();
+    assert!(
+        svc_ports.iter().all(|p| p.target_port != Some(IntOrString::String("probes".into()))),
+        "the Service exposes only HTTPS"
+    );
     // TLS files come from the Secret the overlays fill; the cache is a writable emptyDir.
     let (tls, ro) = volume_containing(pod, c, w.tls_cert.to_str().expect("utf-8"));
     assert!(ro, "TLS mount is read-only");

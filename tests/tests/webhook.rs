@@ -449,3 +449,197 @@ fn sigterm_finishes_in_flight_requests_and_exits_0() {
     assert!(rt.block_on(f.client.get("/healthz")).is_err());
     drop(f.ca);
 }
+
+// ---------------------------------------------------------------------------------------
+// Under abuse (issue 23): idle connections, one address taking every slot, slow bodies,
+// floods of large bodies. The probes answer throughout; memory stays under the limit.
+
+use kata_addons_tests::abuse::{
+    big_review, keep_alive_until_closed, open_idle, post_from, refused, source, trickle, until_closed,
+};
+
+#[test]
+fn one_address_cannot_take_every_slot_and_a_full_server_makes_room_for_a_review() {
+    let f = start(&[], &["--max-connections", "8", "--max-connections-per-ip", "4"]);
+    let rt = rt();
+    rt.block_on(async {
+        let mut held = Vec::new();
+        for (ip, n) in [(source(0), 4), (source(1), 4)] {
+            for i in 0..n {
+                let proto = if i % 2 == 0 { Proto::Http1 } else { Proto::Http2 };
+                held.push(open_idle(&f.client, Some(ip), proto).await.expect("idle connection"));
+            }
+            assert!(refused(&f.client, Some(ip)).await, "a fifth connection from {ip} is closed at once");
+        }
+        // Every slot is taken: the probes have a listener and slots of their own.
+        assert_eq!(f.hook.probe("/healthz").await.expect("probe"), 200);
+        assert_eq!(f.hook.probe("/readyz").await.expect("probe"), 200);
+        // A client with a review to send still gets in: the connection idle the longest
+        // (the first one) is closed to make room.
+        let oldest = held.remove(0);
+        let (status, text) = small_review(&f, source(2)).await;
+        assert_eq!(status, 200, "{text}");
+        tokio::time::timeout(Duration::from_secs(60), until_closed(oldest)).await.expect("the oldest idle one closed");
+        drop(held);
+    });
+    let logs = f.hook.logs();
+    assert!(logs.contains("too many connections from this address"), "{logs}");
+}
+
+#[test]
+fn idle_and_keep_alive_connections_are_closed_by_the_server() {
+    let f = start(&[], &["--idle-timeout", "0.5"]);
+    let rt = rt();
+    rt.block_on(async {
+        // Silent after the handshake (HTTP/1.1), after the preface and SETTINGS (HTTP/2),
+        // and well-behaved keep-alive clients after one request (HTTP/2: pings answered).
+        let silent1 = open_idle(&f.client, None, Proto::Http1).await.expect("h1");
+        let silent2 = open_idle(&f.client, None, Proto::Http2).await.expect("h2");
+        let (c1, c2) = (f.client.clone(), f.client.clone());
+        let ka1 = tokio::spawn(async move { keep_alive_until_closed(&c1, None, Proto::Http1).await });
+        let ka2 = tokio::spawn(async move { keep_alive_until_closed(&c2, None, Proto::Http2).await });
+        let bound = Duration::from_secs(60);
+        tokio::time::timeout(bound, until_closed(silent1)).await.expect("silent h1 closed by the server");
+        tokio::time::timeout(bound, until_closed(silent2)).await.expect("silent h2 closed by the server");
+        for ka in [ka1, ka2] {
+            let ended = tokio::time::timeout(bound, ka).await.expect("keep-alive closed by the server");
+            ended.expect("task").expect("closed cleanly (HTTP/2: GOAWAY)");
+        }
+    });
+}
+
+/// A small valid review from `from`: its HTTP status and body.
+async fn small_review(f: &Fixture, from: std::net::IpAddr) -> (u16, String) {
+    let body = serde_json::to_vec(&create("uid-small", &configmap(NAME, VALID))).expect("json");
+    let mut conn = f.client.connect_from(Some(from), Proto::Http1).await.expect("connect");
+    let r = conn.send("POST", "/validate", full(body)).await.expect("reply");
+    (r.status, r.text())
+}
+
+#[test]
+fn request_bodies_share_one_budget_taken_before_reading() {
+    // 12 MiB in all; one address may hold a quarter (3 MiB, one largest body).
+    let f = start(&[], &["--body-budget", "12", "--review-timeout", "0.5"]);
+    let rt = rt();
+    rt.block_on(async {
+        let slow = |i: usize| {
+            let client = f.client.clone();
+            tokio::spawn(async move {
+                let body = trickle(3 << 20, 1024, Duration::from_millis(200));
+                post_from(&client, Some(source(i)), Proto::Http1, body).await
+            })
+        };
+        let first = slow(0);
+        // Once the slow body holds its address's share, that address is refused at once
+        // while another one is served.
+        let mut tries = 0;
+        let text = loop {
+            let (status, text) = small_review(&f, source(0)).await;
+            if status == 503 {
+                break text;
+            }
+            assert_eq!(status, 200, "{text}");
+            tries += 1;
+            assert!(tries < 100, "the slow body never took its share:\n{}", f.hook.logs());
+        };
+        assert!(text.contains("this client already has 3145728 bytes"), "{text}");
+        assert_eq!(small_review(&f, source(9)).await.0, 200);
+        // Three more slow bodies from other addresses: the whole budget is held, a review
+        // from anywhere waits for the review deadline and is refused (503, Retry-After).
+        let others: Vec<_> = (1..4).map(slow).collect();
+        let large = big_review(1 << 20, false);
+        let mut tries = 0;
+        let text = loop {
+            let mut conn = f.client.connect_from(Some(source(9)), Proto::Http1).await.expect("connect");
+            let r = conn.send("POST", "/validate", full(large.clone())).await.expect("reply");
+            if r.status == 503 {
+                break r.text();
+            }
+            tries += 1;
+            assert!(tries < 100, "the budget never filled up:\n{}", f.hook.logs());
+        };
+        assert!(text.contains("webhook overloaded: 12582912 bytes of request bodies already in flight"), "{text}");
+        // Reviews of a few KiB (what the API server sends) have a reserve of their own.
+        assert_eq!(small_review(&f, source(10)).await.0, 200);
+        // The clients give up: the budget is free again.
+        for t in others.into_iter().chain([first]) {
+            t.abort();
+        }
+        let mut tries = 0;
+        loop {
+            let mut conn = f.client.connect_from(Some(source(9)), Proto::Http1).await.expect("connect");
+            if conn.send("POST", "/validate", full(large.clone())).await.expect("reply").status == 200 {
+                break;
+            }
+            tries += 1;
+            assert!(tries < 100, "the budget was not given back:\n{}", f.hook.logs());
+        }
+    });
+}
+
+#[test]
+fn peak_rss_stays_under_the_deployment_limit_under_a_mix_of_abusive_clients() {
+    // Default limits, as deployed (memory limit 256Mi).
+    const LIMIT_KIB: u64 = 256 << 10;
+    let f = start(&[], &[]);
+    let rt = rt();
+    let before = f.hook.peak_rss_kib();
+    let (statuses, probes) = rt.block_on(async {
+        // 240 silent connections from 4 addresses, HTTP/1.1 and HTTP/2.
+        let mut idle = Vec::new();
+        for ip in 0..4 {
+            for i in 0..60 {
+                let proto = if i % 2 == 0 { Proto::Http1 } else { Proto::Http2 };
+                idle.push(open_idle(&f.client, Some(source(ip)), proto).await.expect("idle connection"));
+            }
+        }
+        // 12 bodies trickling at 5 KiB/s from 4 addresses.
+        let mut slow = Vec::new();
+        for i in 0..12 {
+            let client = f.client.clone();
+            slow.push(tokio::spawn(async move {
+                let body = trickle(3 << 20, 1024, Duration::from_millis(200));
+                post_from(&client, Some(source(4 + i % 4)), Proto::Http1, body).await
+            }));
+        }
+        // 160 bodies of 3 MiB at once from 4 more addresses, over HTTP/1.1 and HTTP/2:
+        // an object that is one long array (never parsed), a ConfigMap over its size limit.
+        let array = big_review(3 << 20, false);
+        let cm = big_review(3 << 20, true);
+        let mut flood = Vec::new();
+        for i in 0..160 {
+            let client = f.client.clone();
+            let body = if i % 2 == 0 { array.clone() } else { cm.clone() };
+            let proto = if i % 4 < 2 { Proto::Http1 } else { Proto::Http2 };
+            flood.push(tokio::spawn(
+                async move { post_from(&client, Some(source(8 + i % 4)), proto, full(body)).await },
+            ));
+        }
+        let mut probes = Vec::new();
+        while !flood.iter().all(|t| t.is_finished()) {
+            probes.push(f.hook.probe("/healthz").await);
+        }
+        let mut statuses = Vec::new();
+        for t in flood {
+            statuses.push(t.await.expect("task"));
+        }
+        for t in slow {
+            t.abort();
+        }
+        drop(idle);
+        (statuses, probes)
+    });
+    let peak = f.hook.peak_rss_kib();
+    let answered = statuses.iter().filter(|s| matches!(s, Ok(200))).count();
+    // Answered, or refused as overloaded (over HTTP/1.1 the server may close the connection
+    // after refusing, before the client finished sending: a write error).
+    for s in &statuses {
+        assert!(matches!(s, Ok(200 | 503) | Err(_)), "{s:?}");
+    }
+    assert!(answered > 0, "{statuses:?}");
+    assert!(probes.iter().all(|p| matches!(p, Ok(200))), "{probes:?}");
+    assert!(
+        peak < LIMIT_KIB,
+        "peak RSS {peak} KiB (at start {before} KiB) is over the Deployment's limit of {LIMIT_KIB} KiB"
+    );
+}

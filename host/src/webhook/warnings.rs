@@ -1,0 +1,105 @@
+//! Admission warnings: the preview of a valid ConfigMap (image, provider and runtime,
+//! version, files, drop-in keys) as printable one-liners within the API server's limits.
+
+use crate::policy::Provider;
+use crate::preview::{self, Preview};
+
+/// Kubernetes recommends at most 120 characters per admission warning.
+pub const MAX_WARNING_CHARS: usize = 120;
+/// Most warnings in one response. The API server keeps at most 4096 characters of
+/// warnings per request from all sources (beyond that it cuts each to 256); 16 × 120
+/// stays under half of that.
+pub const MAX_WARNINGS: usize = 16;
+
+/// One warning as the API server accepts it: printable (control characters would make
+/// it drop the warning), at most [`MAX_WARNING_CHARS`] characters (cut with `…`).
+pub fn warning(text: &str) -> String {
+    let clean: String = text.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect();
+    if clean.chars().count() <= MAX_WARNING_CHARS {
+        return clean;
+    }
+    let mut out: String = clean.chars().take(MAX_WARNING_CHARS - 1).collect();
+    out.push('…');
+    out
+}
+
+/// The Kata runtime a provider selects, named without a node path (the path depends on
+/// each node's Kata layout).
+fn runtime_name(p: Provider) -> &'static str {
+    match p {
+        Provider::Se => "the Kata runtime for IBM Secure Execution",
+        Provider::Tdx => "the Kata runtime for Intel TDX",
+        Provider::Snp => "the Kata runtime for AMD SEV-SNP",
+    }
+}
+
+/// `key = value` lines of a TOML table, dotted, in document order of the serializer.
+fn toml_assignments(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
+    for (k, v) in table {
+        let name = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            toml::Value::Table(t) => toml_assignments(&name, t, out),
+            other => out.push(format!("{name} = {other}")),
+        }
+    }
+}
+
+/// The preview as admission warnings: image, provider and runtime, version, each file,
+/// and each key the drop-in sets. Unique, printable, cut to the API server's limits.
+pub fn preview_warnings(p: &Preview) -> Vec<String> {
+    let plan = &p.plan;
+    let mut lines = vec![
+        format!("kata-addons: image {}", plan.image),
+        format!(
+            "kata-addons: provider {}: {} boots it (drop-in in [{}])",
+            preview::provider_name(plan.provider),
+            runtime_name(plan.provider),
+            plan.hypervisor_table
+        ),
+        format!("kata-addons: version {}", plan.version),
+    ];
+    for a in &plan.artifacts {
+        let sha = a.sha256.as_deref().map(|s| format!(", sha256 {s}")).unwrap_or_default();
+        lines.push(format!("kata-addons: {} {} from the image{sha}", preview::kind_name(a.kind), a.source));
+    }
+    let mut sets = Vec::new();
+    // Every runtime configuration gets the same text: the first one shows what is set.
+    if let Some(Ok(table)) = p.drop_ins.first().map(|d| toml::from_str::<toml::Table>(&d.contents)) {
+        toml_assignments("", &table, &mut sets);
+    }
+    for s in sets {
+        lines.push(format!("kata-addons: drop-in sets {s}"));
+    }
+    if crate::layout::pinned_digest(plan).is_none() {
+        lines.push(format!(
+            "kata-addons: {} = first 12 hex digits of the manifest digest, known after the pull",
+            crate::layout::UNKNOWN_DIGEST
+        ));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for l in lines.iter().map(|l| warning(l)) {
+        if !out.contains(&l) {
+            out.push(l);
+        }
+    }
+    if out.len() > MAX_WARNINGS {
+        let more = out.len() - (MAX_WARNINGS - 1);
+        out.truncate(MAX_WARNINGS - 1);
+        out.push(format!("kata-addons: … and {more} more (run `kata-addons preview` for all)"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_are_cut_and_printable() {
+        let w = warning(&format!("a\nb{}", "x".repeat(300)));
+        assert_eq!(w.chars().count(), MAX_WARNING_CHARS);
+        assert!(!w.chars().any(char::is_control));
+        assert!(w.ends_with('…'));
+        assert_eq!(warning("short"), "short");
+    }
+}
