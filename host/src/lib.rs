@@ -12,6 +12,7 @@ pub mod layout;
 pub mod lock;
 pub mod logging;
 pub mod node;
+pub mod nodefs;
 pub mod policy;
 pub mod preview;
 pub mod progress;

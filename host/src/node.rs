@@ -70,7 +70,7 @@ impl Root {
                     pending.extend(components(&target).into_iter().rev());
                 }
                 Ok(_) => resolved.push(c),
-                Err(e) if e.kind() == ErrorKind::NotFound => {
+                Err(e) if is_absent(&e) => {
                     resolved.push(c);
                     // Nothing below a missing component can be a symlink.
                     while let Some(rest) = pending.pop() {

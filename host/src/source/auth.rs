@@ -19,6 +19,7 @@ use base64::Engine;
 use serde::Deserialize;
 
 use super::reference::DOCKER_HUB;
+use crate::nodefs::{FilePath, MAX_CONFIG_FILE, NodeFs};
 
 /// Username and password for one registry.
 #[derive(Clone, PartialEq, Eq)]
@@ -60,12 +61,14 @@ impl AuthLookup {
 }
 
 /// Where credentials are searched.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct AuthSources {
+    /// The node files reader (the node pull secret is a node file).
+    pub fs: NodeFs,
     /// The only file read, if set (`--auth-file`).
-    pub explicit: Option<PathBuf>,
+    pub explicit: Option<FilePath>,
     /// Searched in order when there is no explicit file: (path, legacy `.dockercfg` format).
-    pub search: Vec<(PathBuf, bool)>,
+    pub search: Vec<(FilePath, bool)>,
     /// registries.conf `credential-helpers` (and its file), when set.
     pub conf_helpers: Option<(Vec<String>, PathBuf)>,
 }
@@ -117,31 +120,38 @@ fn env_path(var: &str) -> Option<PathBuf> {
 impl AuthSources {
     /// The sources for this process: `flag` (`--auth-file`) alone, else the search list
     /// (`$REGISTRY_AUTH_FILE`, the node pull secret beneath `root`, the user's files).
-    pub fn new(flag: Option<&Path>, root: &Path) -> Self {
+    pub fn new(fs: NodeFs, flag: Option<&Path>) -> Self {
         if let Some(p) = flag {
-            return AuthSources { explicit: Some(p.to_path_buf()), ..AuthSources::default() };
+            return AuthSources {
+                fs,
+                explicit: Some(FilePath::Local(p.to_path_buf())),
+                search: Vec::new(),
+                conf_helpers: None,
+            };
         }
-        let mut search = Vec::new();
+        let mut search: Vec<(FilePath, bool)> = Vec::new();
         if let Some(p) = env_path("REGISTRY_AUTH_FILE") {
-            search.push((p, false));
+            search.push((FilePath::Local(p), false));
         }
-        search.push((root.join(super::endpoints::paths::PULL_SECRET), false));
+        search.push((FilePath::node(super::endpoints::paths::PULL_SECRET), false));
+        let mut user = Vec::new();
         if let Some(d) = env_path("XDG_RUNTIME_DIR") {
-            search.push((d.join("containers/auth.json"), false));
+            user.push((d.join("containers/auth.json"), false));
         }
         let home = env_path("HOME");
         if let Some(c) = env_path("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config"))) {
-            search.push((c.join("containers/auth.json"), false));
+            user.push((c.join("containers/auth.json"), false));
         }
         if let Some(d) = env_path("DOCKER_CONFIG") {
-            search.push((d.join("config.json"), false));
+            user.push((d.join("config.json"), false));
         } else if let Some(h) = &home {
-            search.push((h.join(".docker/config.json"), false));
+            user.push((h.join(".docker/config.json"), false));
         }
         if let Some(h) = &home {
-            search.push((h.join(".dockercfg"), true));
+            user.push((h.join(".dockercfg"), true));
         }
-        AuthSources { explicit: None, search, conf_helpers: None }
+        search.extend(user.into_iter().map(|(p, l)| (FilePath::Local(p), l)));
+        AuthSources { fs, explicit: None, search, conf_helpers: None }
     }
 
     /// Finds credentials for `registry/repository` (the endpoint actually contacted).
@@ -157,27 +167,50 @@ impl AuthSources {
             }
         };
         if !use_files {
+            warn_helpers(&out, registry, repository);
             return Ok(out);
         }
         if let Some(p) = &self.explicit {
-            if !p.exists() {
-                bail!("auth file {} does not exist", p.display());
-            }
-            out.creds = lookup_in_file(p, false, registry, repository, &mut out.helpers)?;
+            let text = self.read(p)?.with_context(|| format!("auth file {p} does not exist"))?;
+            out.creds = lookup_in_file(&text, p, false, registry, repository, &mut out.helpers)?;
+            warn_helpers(&out, registry, repository);
             return Ok(out);
         }
         for (p, legacy) in &self.search {
-            match std::fs::metadata(p) {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e).with_context(|| format!("reading auth file {}", p.display())),
-            }
-            if let Some(c) = lookup_in_file(p, *legacy, registry, repository, &mut out.helpers)? {
+            let Some(text) = self.read(p)? else { continue };
+            if let Some(c) = lookup_in_file(&text, p, *legacy, registry, repository, &mut out.helpers)? {
                 out.creds = Some(c);
                 break;
             }
         }
+        warn_helpers(&out, registry, repository);
         Ok(out)
+    }
+}
+
+/// One warning per configured credential helper (per process): it is not executed, and
+/// what the pull uses instead.
+fn warn_helpers(out: &AuthLookup, registry: &str, repository: &str) {
+    static WARNED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let using = match &out.creds {
+        Some(c) => format!("credentials from {}", c.source),
+        None => "anonymous access".to_string(),
+    };
+    for h in &out.helpers {
+        let new = WARNED.lock().map(|mut w| w.insert(h.clone())).unwrap_or(true);
+        if new {
+            tracing::warn!(
+                "{h}: credential helpers are never executed here; {registry}/{repository} is pulled with {using} \
+                 (put the credentials in an auth file as \"auths\" entries if the registry needs them)"
+            );
+        }
+    }
+}
+
+impl AuthSources {
+    fn read(&self, p: &FilePath) -> Result<Option<String>> {
+        self.fs.read_string(p, MAX_CONFIG_FILE).context("reading an auth file")
     }
 }
 
@@ -213,28 +246,28 @@ fn decode(entry: &AuthEntry, source: String) -> Result<Option<Credentials>> {
 
 /// Finds credentials for `registry/repository` in one file (most specific key wins).
 fn lookup_in_file(
-    path: &Path,
+    text: &str,
+    path: &FilePath,
     legacy: bool,
     registry: &str,
     repository: &str,
     helpers: &mut Vec<String>,
 ) -> Result<Option<Credentials>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading auth file {}", path.display()))?;
     let file: AuthFile = if legacy {
-        let auths: BTreeMap<String, AuthEntry> = serde_json::from_str(&text)
-            .with_context(|| format!("auth file {} is not valid JSON (legacy .dockercfg format)", path.display()))?;
+        let auths: BTreeMap<String, AuthEntry> = serde_json::from_str(text)
+            .with_context(|| format!("auth file {} is not valid JSON (legacy .dockercfg format)", path))?;
         AuthFile { auths, ..AuthFile::default() }
     } else {
-        serde_json::from_str(&text).with_context(|| format!("auth file {} is not valid JSON", path.display()))?
+        serde_json::from_str(text).with_context(|| format!("auth file {} is not valid JSON", path))?
     };
     let registry = normalize_registry(registry);
     for (k, h) in &file.cred_helpers {
         if normalize_key(k, true) == registry {
-            helpers.push(format!("{}: credHelpers {k:?} names helper {h:?}", path.display()));
+            helpers.push(format!("{}: credHelpers {k:?} names helper {h:?}", path));
         }
     }
     if let Some(s) = file.creds_store.as_deref().filter(|s| !s.is_empty()) {
-        helpers.push(format!("{}: credsStore names helper {s:?}", path.display()));
+        helpers.push(format!("{}: credsStore names helper {s:?}", path));
     }
     // Several raw keys can normalise to one: an exact (already normal) key wins.
     let mut entries: BTreeMap<String, (&String, &AuthEntry)> = BTreeMap::new();
@@ -248,7 +281,7 @@ fn lookup_in_file(
     let mut scope = format!("{registry}/{repository}");
     loop {
         if let Some((raw, e)) = entries.get(&scope) {
-            let source = format!("{} (key {raw:?})", path.display());
+            let source = format!("{} (key {raw:?})", path);
             if let Some(cred) = decode(e, source)? {
                 return Ok(Some(cred));
             }
@@ -282,7 +315,7 @@ mod tests {
             .to_string(),
         )
         .unwrap();
-        let s = AuthSources { explicit: Some(p.clone()), ..AuthSources::default() };
+        let s = AuthSources::new(NodeFs::open(Path::new("/")).unwrap(), Some(&p));
         let u = |reg: &str, repo: &str| s.lookup(reg, repo).unwrap().creds.map(|c| c.username);
         assert_eq!(u("r.example:5000", "ns/repo").as_deref(), Some("repo"));
         assert_eq!(u("r.example:5000", "ns/other").as_deref(), Some("ns"));

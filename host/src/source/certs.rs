@@ -14,6 +14,8 @@ use anyhow::{Context, Result, bail};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::nodefs::{FilePath, Kind, MAX_CONFIG_FILE, NodeFs};
+
 /// A client certificate and its key, PEM, as one buffer (`reqwest::Identity::from_pem`).
 #[derive(Clone)]
 pub struct ClientIdentity {
@@ -41,14 +43,16 @@ pub struct HostTls {
 }
 
 /// Where certificates come from.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CertSources {
+    /// The node files reader (node directories are resolved beneath its root).
+    pub fs: NodeFs,
     /// Directories with `<host[:port]>/` subdirectories, in priority order.
-    pub per_host: Vec<PathBuf>,
+    pub per_host: Vec<FilePath>,
     /// Directories whose files apply to every host (`--cert-dir`).
-    pub global: Vec<PathBuf>,
+    pub global: Vec<FilePath>,
     /// The node's CA bundle, if present (added to the built-in roots for every host).
-    pub bundle: Option<PathBuf>,
+    pub bundle: Option<FilePath>,
 }
 
 /// Certificates of a PEM file; blocks that do not parse are reported (named) and skipped.
@@ -64,57 +68,45 @@ pub fn parse_pem_lenient(data: &[u8], file: &Path) -> Vec<Vec<u8>> {
     out
 }
 
-fn is_dir(p: &Path) -> bool {
-    std::fs::metadata(p).is_ok_and(|m| m.is_dir())
-}
-
 /// containers/image's `SetupCertificates` on one directory.
-fn setup_dir(dir: &Path, tls: &mut HostTls) -> Result<()> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("reading certificates directory {}", dir.display())),
+fn setup_dir(fs: &NodeFs, dir: &FilePath, tls: &mut HostTls) -> Result<()> {
+    let Some(entries) = fs.list(dir).context("reading a certificates directory")? else { return Ok(()) };
+    let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    tls.dirs.push(PathBuf::from(dir.to_string()));
+    let read = |p: &FilePath| -> Result<Vec<u8>> {
+        fs.read(p, MAX_CONFIG_FILE)?.with_context(|| format!("{p} does not exist (a dangling symlink?)"))
     };
-    let mut names: Vec<String> = rd
-        .collect::<std::io::Result<Vec<_>>>()
-        .with_context(|| format!("reading certificates directory {}", dir.display()))?
-        .into_iter()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    names.sort();
-    tls.dirs.push(dir.to_path_buf());
-    for name in &names {
-        let path = dir.join(name);
+    for e in &entries {
+        let (name, path) = (e.name.as_str(), &e.path);
+        let shown = PathBuf::from(path.to_string());
         if name.ends_with(".crt") {
-            let data = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            let certs = parse_pem_lenient(&data, &path);
+            let data = read(path)?;
+            let certs = parse_pem_lenient(&data, &shown);
             if certs.is_empty() {
-                tracing::warn!("{}: no certificate found in this .crt file, ignored", path.display());
+                tracing::warn!("{path}: no certificate found in this .crt file, ignored");
             }
             tls.roots.extend(certs);
         } else if let Some(base) = name.strip_suffix(".cert") {
             let key_name = format!("{base}.key");
-            if !names.contains(&key_name) {
+            if !names.contains(&key_name.as_str()) {
                 bail!(
-                    "{}: missing key {key_name} for client certificate {name} (CA certificates must use the extension .crt)",
-                    dir.display()
+                    "{dir}: missing key {key_name} for client certificate {name} (CA certificates must use the extension .crt)"
                 );
             }
             let key_path = dir.join(&key_name);
-            let cert_pem = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            let key_pem = std::fs::read(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
+            let cert_pem = read(path)?;
+            let key_pem = read(&key_path)?;
             let chain: Vec<_> = CertificateDer::pem_slice_iter(&cert_pem)
                 .collect::<std::result::Result<_, _>>()
-                .map_err(|e| anyhow::anyhow!("{}: client certificate does not parse: {e}", path.display()))?;
+                .map_err(|e| anyhow::anyhow!("{path}: client certificate does not parse: {e}"))?;
             if chain.is_empty() {
-                bail!("{}: no certificate in this client certificate file", path.display());
+                bail!("{path}: no certificate in this client certificate file");
             }
             PrivateKeyDer::from_pem_slice(&key_pem)
-                .map_err(|e| anyhow::anyhow!("{}: private key does not parse: {e}", key_path.display()))?;
+                .map_err(|e| anyhow::anyhow!("{key_path}: private key does not parse: {e}"))?;
             if let Some(prev) = &tls.identity {
                 tracing::warn!(
-                    "{}: a client certificate is already used ({}); only one is presented",
-                    path.display(),
+                    "{path}: a client certificate is already used ({}); only one is presented",
                     prev.cert_file.display()
                 );
                 continue;
@@ -122,11 +114,11 @@ fn setup_dir(dir: &Path, tls: &mut HostTls) -> Result<()> {
             let mut pem = cert_pem;
             pem.push(b'\n');
             pem.extend_from_slice(&key_pem);
-            tls.identity = Some(ClientIdentity { cert_file: path, pem });
+            tls.identity = Some(ClientIdentity { cert_file: shown, pem });
         } else if let Some(base) = name.strip_suffix(".key") {
             let cert_name = format!("{base}.cert");
-            if !names.contains(&cert_name) {
-                bail!("{}: missing client certificate {cert_name} for key {name}", dir.display());
+            if !names.contains(&cert_name.as_str()) {
+                bail!("{dir}: missing client certificate {cert_name} for key {name}");
             }
         }
     }
@@ -137,31 +129,25 @@ impl CertSources {
     /// The TLS material for `host` (`host[:port]`, as in the image reference).
     pub fn for_host(&self, host: &str) -> Result<HostTls> {
         let mut tls = HostTls::default();
-        if let Some(b) = &self.bundle {
-            match std::fs::read(b) {
-                Ok(data) => tls.roots.extend(parse_pem_lenient(&data, b)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e).with_context(|| format!("reading the node CA bundle {}", b.display())),
-            }
+        if let Some(b) = &self.bundle
+            && let Some(data) = self.fs.read(b, MAX_CONFIG_FILE).context("reading the node CA bundle")?
+        {
+            tls.roots.extend(parse_pem_lenient(&data, &PathBuf::from(b.to_string())));
         }
         for g in &self.global {
-            if !is_dir(g) {
-                bail!("--cert-dir {}: not a directory", g.display());
+            if self.fs.kind(g)? != Some(Kind::Dir) {
+                bail!("--cert-dir {g}: not a directory");
             }
-            setup_dir(g, &mut tls).with_context(|| format!("registry {host}: certificates"))?;
+            setup_dir(&self.fs, g, &mut tls).with_context(|| format!("registry {host}: certificates"))?;
         }
         if host.contains('/') || host.starts_with('.') {
             bail!("invalid registry host {host:?}");
         }
         for d in &self.per_host {
             let hd = d.join(host);
-            match std::fs::metadata(&hd) {
-                Ok(_) => {
-                    setup_dir(&hd, &mut tls).with_context(|| format!("registry {host}: certificates"))?;
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e).with_context(|| format!("reading {}", hd.display())),
+            if self.fs.kind(&hd)?.is_some() {
+                setup_dir(&self.fs, &hd, &mut tls).with_context(|| format!("registry {host}: certificates"))?;
+                break;
             }
         }
         Ok(tls)
@@ -182,7 +168,12 @@ mod tests {
         std::fs::write(a.join("client.cert"), "x").unwrap();
         std::fs::write(b.join("bad.crt"), "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
             .unwrap();
-        let s = CertSources { per_host: vec![d.path().to_path_buf()], ..CertSources::default() };
+        let s = CertSources {
+            fs: NodeFs::open(Path::new("/")).unwrap(),
+            per_host: vec![FilePath::Local(d.path().to_path_buf())],
+            global: Vec::new(),
+            bundle: None,
+        };
         let e = format!("{:#}", s.for_host("a.example:5000").unwrap_err());
         assert!(e.contains("missing key client.key"), "{e}");
         let t = s.for_host("b.example").unwrap();

@@ -5,13 +5,14 @@
 //! configuration entry decided it; `fetch::Connections::client` gives an authenticated client
 //! for it, so later steps (signature checks) can talk to the endpoint the manifest came from.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
 use super::auth::{AuthLookup, AuthSources};
 use super::certs::{CertSources, HostTls};
 use super::registries_conf::RegistriesConf;
+use crate::nodefs::{FilePath, Kind, NodeFs};
 
 /// Node paths read by default, relative to `--root`.
 pub mod paths {
@@ -107,30 +108,43 @@ impl Endpoint {
 impl NodeFiles {
     /// Reads registries.conf (+ drop-ins) and prepares certificate and auth sources.
     pub fn load(&self) -> Result<NodeConfig> {
-        let root = &self.root;
+        let fs = NodeFs::open(&self.root)?;
         let (main, required) = match &self.registries_conf {
-            Some(p) => (p.clone(), true),
-            None => (root.join(paths::REGISTRIES_CONF), false),
+            Some(p) => (FilePath::Local(p.clone()), true),
+            None => (FilePath::node(paths::REGISTRIES_CONF), false),
         };
-        let dir = self.registries_conf_dir.clone().unwrap_or_else(|| root.join(paths::REGISTRIES_CONF_D));
-        let registries = RegistriesConf::load(&main, required, Some(&dir))?;
+        let dir = match &self.registries_conf_dir {
+            Some(d) => FilePath::Local(d.clone()),
+            None => FilePath::node(paths::REGISTRIES_CONF_D),
+        };
+        let registries = RegistriesConf::load(&fs, &main, required, Some(&dir))?;
+        let bundle = node_bundle(&fs)?;
         let certs = if self.cert_dirs.is_empty() {
             CertSources {
-                per_host: vec![root.join(paths::CERTS_D), root.join(paths::DOCKER_CERTS_D)],
+                fs: fs.clone(),
+                per_host: vec![FilePath::node(paths::CERTS_D), FilePath::node(paths::DOCKER_CERTS_D)],
                 global: Vec::new(),
-                bundle: node_bundle(root),
+                bundle,
             }
         } else {
-            CertSources { per_host: self.cert_dirs.clone(), global: self.cert_dirs.clone(), bundle: node_bundle(root) }
+            let dirs: Vec<FilePath> = self.cert_dirs.iter().cloned().map(FilePath::Local).collect();
+            CertSources { fs: fs.clone(), per_host: dirs.clone(), global: dirs, bundle }
         };
-        let mut auth = AuthSources::new(self.auth_file.as_deref(), root);
+        let mut auth = AuthSources::new(fs, self.auth_file.as_deref());
         auth.conf_helpers = registries.credential_helpers().map(|(h, p)| (h.to_vec(), p.to_path_buf()));
         Ok(NodeConfig { registries, certs, auth, insecure_registries: self.insecure_registries.clone() })
     }
 }
 
-fn node_bundle(root: &Path) -> Option<PathBuf> {
-    [paths::CA_BUNDLE_RHEL, paths::CA_BUNDLE_DEBIAN].iter().map(|p| root.join(p)).find(|p| p.is_file())
+/// The node's CA bundle: the first of the distributions' locations that is a file.
+fn node_bundle(fs: &NodeFs) -> Result<Option<FilePath>> {
+    for p in [paths::CA_BUNDLE_RHEL, paths::CA_BUNDLE_DEBIAN] {
+        let f = FilePath::node(p);
+        if fs.kind(&f)? == Some(Kind::File) {
+            return Ok(Some(f));
+        }
+    }
+    Ok(None)
 }
 
 impl NodeConfig {

@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 use super::reference;
+use crate::nodefs::{FilePath, Kind, MAX_CONFIG_FILE, NodeFs};
 
 /// The `credential-helpers` value that means "the auth files of containers-auth.json(5)".
 pub const AUTH_FILE_HELPER: &str = "containers-auth.json";
@@ -242,25 +243,27 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
             }
         }
         registries = order.iter().filter_map(|l| map.remove(l)).collect();
-        if let Some(s) = v1.search.as_ref().and_then(|l| l.registries.as_ref())
-            && !s.is_empty()
-        {
-            tracing::debug!(
-                "{f}: [registries.search] applies to short names only; every reference here is fully qualified"
-            );
-        }
     }
-    if let Some(list) = &raw.unqualified_search_registries {
+    // v1 `[registries.search]` is converted to `unqualified-search-registries` (ConvertToV2),
+    // then both are validated the same way (postProcessRegistries).
+    let v1_search = raw.registries.as_ref().and_then(|v1| v1.search.as_ref()).and_then(|l| l.registries.as_ref());
+    let (search_key, search) = match (&raw.unqualified_search_registries, v1_search) {
+        (Some(l), _) => ("unqualified-search-registries", Some(l)),
+        (None, Some(l)) => ("[registries.search] registries", Some(l)),
+        (None, None) => ("", None),
+    };
+    if let Some(list) = search {
         for r in list {
-            let what = format!("{f}: unqualified-search-registries");
+            let what = format!("{f}: {search_key}");
             let r = parse_location(r, &what)?;
             if !reference::valid_domain(&r) {
                 bail!("{what}: invalid entry {r:?} (must be host[:port])");
             }
         }
-        tracing::debug!(
-            "{f}: unqualified-search-registries applies to short names only; every reference here is fully qualified"
-        );
+        tracing::debug!("{f}: {search_key} applies to short names only; every reference here is fully qualified");
+    }
+    for (name, value) in raw.aliases.iter().flatten() {
+        check_alias(name, value).with_context(|| format!("{f}: [aliases] {name:?}"))?;
     }
     if let Some(m) = &raw.short_name_mode
         && !matches!(m.as_str(), "" | "disabled" | "enforcing" | "permissive")
@@ -360,6 +363,62 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
     Ok(ParsedFile { registries, credential_helpers: raw.credential_helpers })
 }
 
+/// A reference as `reference.Parse` splits it (no normalisation): domain (when the first
+/// component can be one and more follow), path, and whether a tag or digest is present.
+fn plain_reference(s: &str) -> Result<(Option<&str>, &str, bool)> {
+    let (name, digest) = match s.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (s, None),
+    };
+    if digest.is_some_and(|d| !reference::valid_digest(d)) {
+        bail!("{s:?} has an invalid digest");
+    }
+    let last = name.rfind('/').map(|i| i + 1).unwrap_or(0);
+    let (name, tag) = match name[last..].rfind(':') {
+        Some(i) => (&name[..last + i], Some(&name[last + i + 1..])),
+        None => (name, None),
+    };
+    if tag.is_some_and(|t| !reference::valid_tag(t)) {
+        bail!("{s:?} has an invalid tag");
+    }
+    let (domain, path) = match name.split_once('/') {
+        Some((d, p)) if reference::valid_domain(d) => (Some(d), p),
+        _ => (None, name),
+    };
+    if !reference::valid_repository(path) || name.len() > 255 {
+        bail!("{s:?} is not a valid reference");
+    }
+    if digest.is_some() {
+        bail!("{s:?} must not contain a digest");
+    }
+    Ok((domain, path, tag.is_some()))
+}
+
+/// containers/image's `validateShortName` (the alias) and `parseShortNameValue` (its
+/// value, `""` resetting an earlier alias): a short name maps to a fully qualified name,
+/// neither with a tag or digest.
+fn check_alias(name: &str, value: &str) -> Result<()> {
+    let (domain, _, tagged) = plain_reference(name).context("invalid short name")?;
+    let qualified = |d: Option<&str>| d.is_some_and(|d| d.contains(['.', ':']) || d == "localhost");
+    if tagged {
+        bail!("invalid short name: must not contain a tag");
+    }
+    if qualified(domain) {
+        bail!("invalid short name: must not contain a registry");
+    }
+    if value.is_empty() {
+        return Ok(());
+    }
+    let (domain, _, tagged) = plain_reference(value).with_context(|| format!("invalid alias {value:?}"))?;
+    if tagged {
+        bail!("invalid alias {value:?}: must not contain a tag");
+    }
+    if !qualified(domain) {
+        bail!("invalid alias {value:?}: must contain registry and repository");
+    }
+    Ok(())
+}
+
 /// containers/image's prefix match on `host/repository`: the length matched, or `None`.
 fn matching_prefix(name: &str, prefix: &str) -> Option<usize> {
     if let Some(domain) = prefix.strip_prefix('*') {
@@ -384,40 +443,30 @@ fn matching_prefix(name: &str, prefix: &str) -> Option<usize> {
 }
 
 impl RegistriesConf {
-    /// Reads `main` (missing is fine unless `main_required`) and then every `*.conf` directly
-    /// in `drop_in_dir`, in lexical order.
-    pub fn load(main: &Path, main_required: bool, drop_in_dir: Option<&Path>) -> Result<Self> {
+    /// Reads `main` (missing is fine unless `main_required`) and then every `*.conf` file
+    /// directly in `drop_in_dir`, in lexical order, each through the node-file reader.
+    pub fn load(fs: &NodeFs, main: &FilePath, main_required: bool, drop_in_dir: Option<&FilePath>) -> Result<Self> {
         let mut conf = RegistriesConf::default();
-        match std::fs::read_to_string(main) {
-            Ok(text) => {
-                let parsed = parse_file(&text, main, false)?;
-                conf.merge(parsed, main);
+        match fs.read_string(main, MAX_CONFIG_FILE).context("reading the registries configuration")? {
+            Some(text) => {
+                let file = PathBuf::from(main.to_string());
+                let parsed = parse_file(&text, &file, false)?;
+                conf.merge(parsed, &file);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !main_required => {
-                tracing::debug!("{}: not present, no registries configuration", main.display());
-            }
-            Err(e) => return Err(e).with_context(|| format!("reading registries configuration {}", main.display())),
+            None if !main_required => tracing::debug!("{main}: not present, no registries configuration"),
+            None => bail!("registries configuration {main} does not exist"),
         }
         if let Some(dir) = drop_in_dir {
-            let entries = match std::fs::read_dir(dir) {
-                Ok(rd) => {
-                    rd.collect::<std::io::Result<Vec<_>>>().with_context(|| format!("reading {}", dir.display()))?
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(e).with_context(|| format!("reading registries.conf.d {}", dir.display())),
-            };
-            let mut files: Vec<PathBuf> = entries
-                .iter()
-                .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
-                .map(|e| e.path())
-                .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".conf")))
-                .collect();
-            files.sort();
-            for p in files {
-                let text = std::fs::read_to_string(&p)
-                    .with_context(|| format!("reading drop-in registries configuration {}", p.display()))?;
-                let parsed = parse_file(&text, &p, true)?;
-                conf.merge(parsed, &p);
+            let entries = fs.list(dir).context("reading registries.conf.d")?.unwrap_or_default();
+            for e in entries.iter().filter(|e| e.name.ends_with(".conf") && e.kind != Some(Kind::Dir)) {
+                let Some(text) =
+                    fs.read_string(&e.path, MAX_CONFIG_FILE).context("reading a drop-in registries configuration")?
+                else {
+                    continue;
+                };
+                let file = PathBuf::from(e.path.to_string());
+                let parsed = parse_file(&text, &file, true)?;
+                conf.merge(parsed, &file);
             }
         }
         Ok(conf)
@@ -638,12 +687,15 @@ location = "m.example.org:443"
         )
         .unwrap();
         std::fs::write(dir.join("ignored.txt"), "garbage").unwrap();
-        let c = RegistriesConf::load(&main, true, Some(&dir)).unwrap();
+        let fs = NodeFs::open(Path::new("/")).unwrap();
+        let (main, dir) = (FilePath::Local(main), FilePath::Local(dir));
+        let c = RegistriesConf::load(&fs, &main, true, Some(&dir)).unwrap();
         let r = c.find("a.io/x").unwrap();
         assert!(!r.blocked);
         assert_eq!(r.mirrors[0].location, "m2");
-        std::fs::write(dir.join("30-v1.conf"), "[registries.block]\nregistries = [\"a.io\"]\n").unwrap();
-        let e = RegistriesConf::load(&main, true, Some(&dir)).unwrap_err().to_string();
+        std::fs::write(d.path().join("registries.conf.d/30-v1.conf"), "[registries.block]\nregistries = [\"a.io\"]\n")
+            .unwrap();
+        let e = RegistriesConf::load(&fs, &main, true, Some(&dir)).unwrap_err().to_string();
         assert!(e.contains("30-v1.conf") && e.contains("v2"), "{e}");
     }
 }

@@ -7,20 +7,20 @@
 //! `--signature-policy` that is missing is an error.
 
 pub mod gpg;
+pub(crate) mod policy_fields;
 pub mod policy_json;
 pub mod reference;
 pub mod registries_d;
 pub mod sigstore;
 pub mod simple_signing;
 
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::node::{self, Root};
+use crate::nodefs::{FilePath, MAX_CONFIG_FILE, NodeFs};
 use crate::source::registry::RegistryClient;
 use crate::source::{Descriptor, ImageRef};
 use policy_json::{KeySource, Policy, Requirement, docker_namespaces, oci_namespaces};
@@ -92,17 +92,13 @@ pub enum Origin<'a> {
 
 static WARNED_NO_POLICY: AtomicBool = AtomicBool::new(false);
 
-fn open_root(opts: &TrustOptions) -> Result<Root> {
-    Root::open(opts.root.as_deref().unwrap_or(Path::new("/")))
+fn open_root(opts: &TrustOptions) -> Result<NodeFs> {
+    NodeFs::open(opts.root.as_deref().unwrap_or(Path::new("/")))
 }
 
 /// Reads a node file beneath the root (`None` when it does not exist).
-fn read_node_file(root: &Root, node_path: &str) -> Result<Option<Vec<u8>>> {
-    match root.dir().read(node::rel_path(node_path)) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {node_path} on the node")),
-    }
+fn read_node_file(root: &NodeFs, node_path: &str) -> Result<Option<Vec<u8>>> {
+    root.read(&FilePath::node(node_path), MAX_CONFIG_FILE)
 }
 
 /// A loaded policy and where it came from.
@@ -112,10 +108,13 @@ struct Loaded {
 }
 
 /// Loads the policy: `Ok(None)` when the default file is absent (accept, one warning).
-fn load_policy(opts: &TrustOptions, root: &Root) -> Result<Option<Loaded>> {
+fn load_policy(opts: &TrustOptions, root: &NodeFs) -> Result<Option<Loaded>> {
     let (file, bytes) = match &opts.signature_policy {
         Some(p) => {
-            let b = std::fs::read(p).with_context(|| format!("--signature-policy {}: cannot read", p.display()))?;
+            let b = root
+                .read(&FilePath::Local(p.clone()), MAX_CONFIG_FILE)
+                .with_context(|| format!("--signature-policy {}: cannot read", p.display()))?
+                .with_context(|| format!("--signature-policy {}: the file does not exist", p.display()))?;
             (p.display().to_string(), b)
         }
         None => match read_node_file(root, DEFAULT_POLICY)? {
@@ -291,7 +290,7 @@ async fn check_inner(opts: &TrustOptions, image: &ImageRef, digest: &str, origin
 #[allow(clippy::too_many_arguments)]
 async fn evaluate(
     opts: &TrustOptions,
-    root: &Root,
+    root: &NodeFs,
     req: &Requirement,
     subj: &Subject,
     image: &ImageRef,
@@ -387,7 +386,7 @@ fn check_claims(
     Ok(())
 }
 
-fn key_blobs(root: &Root, keys: &KeySource) -> Result<Vec<(String, Vec<u8>)>> {
+fn key_blobs(root: &NodeFs, keys: &KeySource) -> Result<Vec<(String, Vec<u8>)>> {
     match keys {
         KeySource::Paths(paths) => paths
             .iter()
@@ -400,7 +399,7 @@ fn key_blobs(root: &Root, keys: &KeySource) -> Result<Vec<(String, Vec<u8>)>> {
     }
 }
 
-fn load_gpg_keys(root: &Root, keys: &KeySource) -> Result<gpg::Keyring> {
+fn load_gpg_keys(root: &NodeFs, keys: &KeySource) -> Result<gpg::Keyring> {
     let mut ring: Option<gpg::Keyring> = None;
     for (what, b) in key_blobs(root, keys)? {
         let k = gpg::Keyring::parse(&b, &what)?;
@@ -412,7 +411,7 @@ fn load_gpg_keys(root: &Root, keys: &KeySource) -> Result<gpg::Keyring> {
     ring.context("no public keys imported")
 }
 
-fn load_sigstore_keys(root: &Root, keys: &KeySource) -> Result<sigstore::PublicKeys> {
+fn load_sigstore_keys(root: &NodeFs, keys: &KeySource) -> Result<sigstore::PublicKeys> {
     let mut set: Option<sigstore::PublicKeys> = None;
     for (what, b) in key_blobs(root, keys)? {
         let k = sigstore::PublicKeys::parse(&b, &what)?;
@@ -424,35 +423,12 @@ fn load_sigstore_keys(root: &Root, keys: &KeySource) -> Result<sigstore::PublicK
     set.context("no public keys")
 }
 
-fn load_registries_d(opts: &TrustOptions, root: &Root) -> Result<RegistriesD> {
-    let files = match &opts.registries_d {
-        Some(d) => RegistriesD::read_dir(d)?,
-        None => {
-            let rel = node::rel_path(DEFAULT_REGISTRIES_D);
-            let dir = match root.dir().open_dir(&rel) {
-                Ok(d) => Some(d),
-                Err(e) if e.kind() == ErrorKind::NotFound => None,
-                Err(e) => return Err(e).with_context(|| format!("opening {DEFAULT_REGISTRIES_D} on the node")),
-            };
-            let mut out = Vec::new();
-            if let Some(dir) = dir {
-                let mut names = Vec::new();
-                for e in dir.entries().with_context(|| format!("listing {DEFAULT_REGISTRIES_D}"))? {
-                    let e = e.with_context(|| format!("listing {DEFAULT_REGISTRIES_D}"))?;
-                    if let Some(n) = e.file_name().to_str().filter(|n| n.ends_with(".yaml")) {
-                        names.push(n.to_string());
-                    }
-                }
-                names.sort();
-                for n in names {
-                    let b = dir.read(&n).with_context(|| format!("reading {DEFAULT_REGISTRIES_D}/{n}"))?;
-                    out.push((format!("{DEFAULT_REGISTRIES_D}/{n}"), b));
-                }
-            }
-            out
-        }
+fn load_registries_d(opts: &TrustOptions, root: &NodeFs) -> Result<RegistriesD> {
+    let dir = match &opts.registries_d {
+        Some(d) => FilePath::Local(d.clone()),
+        None => FilePath::node(DEFAULT_REGISTRIES_D),
     };
-    RegistriesD::load(files)
+    RegistriesD::load(RegistriesD::read_dir(root, &dir)?)
 }
 
 /// The physical reference (endpoint host and repository, with the logical tag or digest)
@@ -471,7 +447,7 @@ fn lookaside_url(base: &str, repository: &str, digest: &str, n: usize) -> Result
 /// Reads the simple signatures from the lookaside configured for the endpoint.
 async fn read_simple_signatures(
     opts: &TrustOptions,
-    root: &Root,
+    root: &NodeFs,
     image: &ImageRef,
     digest: &str,
     origin: &Origin<'_>,
@@ -488,7 +464,7 @@ async fn read_simple_signatures(
         }
         let url = lookaside_url(&base, &phys.repository, digest, n)?;
         let blob = if let Some(path) = url.strip_prefix("file://") {
-            read_node_file(root, path)?
+            root.read(&FilePath::node(path), sigstore::MAX_SIGNATURE_SIZE)?
         } else if url.starts_with("http://") || url.starts_with("https://") {
             http_signature(client, &url).await?
         } else {

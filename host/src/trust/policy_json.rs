@@ -5,132 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result, anyhow, bail};
-use base64::Engine;
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use anyhow::{Context, Result, bail};
 
+use super::policy_fields::{self, only_keys};
+pub use super::policy_fields::{Json, KeySource};
 use super::reference::DockerRef;
-
-/// A JSON value whose objects keep their keys in order and refuse duplicates
-/// (containers/image refuses duplicate keys in policy.json).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Json {
-    /// `null`.
-    Null,
-    /// `true` / `false`.
-    Bool(bool),
-    /// Any number.
-    Number(f64),
-    /// A string.
-    String(String),
-    /// An array.
-    Array(Vec<Json>),
-    /// An object, keys in file order, no duplicates.
-    Object(Vec<(String, Json)>),
-}
-
-impl<'de> serde::Deserialize<'de> for Json {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Json;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_unit<E>(self) -> std::result::Result<Json, E> {
-                Ok(Json::Null)
-            }
-            fn visit_bool<E>(self, v: bool) -> std::result::Result<Json, E> {
-                Ok(Json::Bool(v))
-            }
-            fn visit_i64<E>(self, v: i64) -> std::result::Result<Json, E> {
-                Ok(Json::Number(v as f64))
-            }
-            fn visit_u64<E>(self, v: u64) -> std::result::Result<Json, E> {
-                Ok(Json::Number(v as f64))
-            }
-            fn visit_f64<E>(self, v: f64) -> std::result::Result<Json, E> {
-                Ok(Json::Number(v))
-            }
-            fn visit_str<E>(self, v: &str) -> std::result::Result<Json, E> {
-                Ok(Json::String(v.to_string()))
-            }
-            fn visit_string<E>(self, v: String) -> std::result::Result<Json, E> {
-                Ok(Json::String(v))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> std::result::Result<Json, A::Error> {
-                let mut out = Vec::new();
-                while let Some(v) = a.next_element()? {
-                    out.push(v);
-                }
-                Ok(Json::Array(out))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<Json, A::Error> {
-                let mut out: Vec<(String, Json)> = Vec::new();
-                while let Some((k, v)) = a.next_entry::<String, Json>()? {
-                    if out.iter().any(|(o, _)| *o == k) {
-                        return Err(de::Error::custom(format!("duplicate key {k:?}")));
-                    }
-                    out.push((k, v));
-                }
-                Ok(Json::Object(out))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl Json {
-    /// Parses text strictly (duplicate keys refused).
-    pub fn parse(text: &[u8]) -> Result<Json> {
-        serde_json::from_slice(text).map_err(|e| anyhow!("{e}"))
-    }
-
-    fn kind(&self) -> &'static str {
-        match self {
-            Json::Null => "null",
-            Json::Bool(_) => "a boolean",
-            Json::Number(_) => "a number",
-            Json::String(_) => "a string",
-            Json::Array(_) => "an array",
-            Json::Object(_) => "an object",
-        }
-    }
-
-    /// The object's entries, or an error naming `what`.
-    pub fn object(&self, what: &str) -> Result<&[(String, Json)]> {
-        match self {
-            Json::Object(o) => Ok(o),
-            other => bail!("{what}: expected an object, found {}", other.kind()),
-        }
-    }
-
-    /// The string, or an error naming `what`.
-    pub fn string(&self, what: &str) -> Result<&str> {
-        match self {
-            Json::String(s) => Ok(s),
-            other => bail!("{what}: expected a string, found {}", other.kind()),
-        }
-    }
-
-    /// Looks a key up in an object (`None` for other values).
-    pub fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Object(o) => o.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-}
-
-/// Refuses keys outside `allowed` (containers/image's paranoid unmarshalling).
-fn only_keys(obj: &[(String, Json)], allowed: &[&str], what: &str) -> Result<()> {
-    for (k, _) in obj {
-        if !allowed.contains(&k.as_str()) {
-            bail!("{what}: unknown key {k:?}");
-        }
-    }
-    Ok(())
-}
 
 /// Requires every key of `exact` and nothing else.
 fn exact_keys(obj: &[(String, Json)], exact: &[&str], what: &str) -> Result<()> {
@@ -214,7 +93,7 @@ impl IdentityMatch {
                 let prefix = str_of("prefix")?;
                 let signed_prefix = str_of("signedPrefix")?;
                 for p in [&prefix, &signed_prefix] {
-                    if !valid_remap_prefix(p) {
+                    if !policy_fields::valid_remap_prefix(p) {
                         bail!("{what}: prefix {p:?} is not valid");
                     }
                 }
@@ -270,47 +149,6 @@ fn repo_digest_or_exact(intended: &DockerRef, signed: &DockerRef) -> bool {
     }
 }
 
-/// `prefix` / `signedPrefix` of remapIdentity: a host[:port] alone, or a repository name
-/// that starts with one.
-fn valid_remap_prefix(p: &str) -> bool {
-    let (host, rest) = match p.split_once('/') {
-        Some((h, r)) => (h, Some(r)),
-        None => (p, None),
-    };
-    let host_ok = !host.is_empty()
-        && host.split(':').next().is_some_and(|h| {
-            !h.is_empty()
-                && h.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
-        })
-        && host.split_once(':').is_none_or(|(_, port)| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()));
-    if !host_ok {
-        return false;
-    }
-    match rest {
-        None => true,
-        Some(r) => DockerRef::parse_canonical(&format!("{host}/{r}")).is_ok_and(|d| d.is_name_only()),
-    }
-}
-
-/// Where public keys come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
-    /// Node paths (`keyPath` / `keyPaths`), read beneath `--root`.
-    Paths(Vec<String>),
-    /// Inline keys (`keyData` / `keyDatas`, base64 in the file).
-    Data(Vec<Vec<u8>>),
-}
-
-impl KeySource {
-    /// Short description for logs and errors.
-    pub fn describe(&self) -> String {
-        match self {
-            KeySource::Paths(p) => p.join(", "),
-            KeySource::Data(d) => format!("{} inline key(s)", d.len()),
-        }
-    }
-}
-
 /// One policy requirement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
@@ -354,18 +192,6 @@ impl Requirement {
     }
 }
 
-fn key_paths(v: &Json, what: &str) -> Result<Vec<String>> {
-    match v {
-        Json::Array(a) => a.iter().map(|p| p.string(what).map(str::to_string)).collect(),
-        other => bail!("{what}: expected an array of strings, found {}", other.kind()),
-    }
-}
-
-fn key_data(v: &Json, what: &str) -> Result<Vec<u8>> {
-    let s = v.string(what)?;
-    base64::engine::general_purpose::STANDARD.decode(s).with_context(|| format!("{what}: not valid base64"))
-}
-
 fn parse_identity(v: &Json, what: &str) -> Result<IdentityMatch> {
     match v.get("signedIdentity") {
         None => Ok(IdentityMatch::MatchRepoDigestOrExact),
@@ -391,30 +217,8 @@ fn parse_requirement(v: &Json, what: &str) -> Result<Requirement> {
         }
         "signedBy" => {
             only_keys(obj, &["type", "keyType", "keyPath", "keyPaths", "keyData", "signedIdentity"], &what)?;
-            let key_type = v.get("keyType").with_context(|| format!("{what}: missing \"keyType\""))?.string(&what)?;
-            if !matches!(key_type, "GPGKeys" | "signedByGPGKeys" | "X509Certificates" | "signedByX509CAs") {
-                bail!("{what}: unrecognized keyType value {key_type:?}");
-            }
-            let keys = match (v.get("keyPath"), v.get("keyPaths"), v.get("keyData")) {
-                (Some(p), None, None) => {
-                    let p = p.string(&what)?;
-                    if p.is_empty() {
-                        bail!("{what}: exactly one of keyPath, keyPaths and keyData must be specified");
-                    }
-                    KeySource::Paths(vec![p.to_string()])
-                }
-                (None, Some(p), None) => KeySource::Paths(key_paths(p, &what)?),
-                (None, None, Some(d)) => KeySource::Data(vec![key_data(d, &what)?]),
-                (None, None, None) => {
-                    bail!(
-                        "{what}: exactly one of keyPath, keyPaths and keyData must be specified, none of them present"
-                    )
-                }
-                _ => bail!(
-                    "{what}: exactly one of keyPath, keyPaths and keyData must be specified, more than one present"
-                ),
-            };
-            Ok(Requirement::SignedBy { key_type: key_type.to_string(), keys, identity: parse_identity(v, &what)? })
+            let (key_type, keys) = policy_fields::signed_by_keys(v, &what)?;
+            Ok(Requirement::SignedBy { key_type, keys, identity: parse_identity(v, &what)? })
         }
         "sigstoreSigned" => {
             let known = [
@@ -432,63 +236,7 @@ fn parse_requirement(v: &Json, what: &str) -> Result<Requirement> {
                 "signedIdentity",
             ];
             only_keys(obj, &known, &what)?;
-            let mut sources = Vec::new();
-            let mut keys = None;
-            if let Some(p) = v.get("keyPath") {
-                sources.push("keyPath");
-                keys = Some(KeySource::Paths(vec![p.string(&what)?.to_string()]));
-            }
-            if let Some(p) = v.get("keyPaths") {
-                sources.push("keyPaths");
-                let p = key_paths(p, &what)?;
-                if p.is_empty() {
-                    bail!("{what}: \"keyPaths\" contains no entries");
-                }
-                keys = Some(KeySource::Paths(p));
-            }
-            if let Some(d) = v.get("keyData") {
-                sources.push("keyData");
-                keys = Some(KeySource::Data(vec![key_data(d, &what)?]));
-            }
-            if let Some(d) = v.get("keyDatas") {
-                sources.push("keyDatas");
-                let Json::Array(a) = d else { bail!("{what}: keyDatas: expected an array") };
-                if a.is_empty() {
-                    bail!("{what}: \"keyDatas\" contains no entries");
-                }
-                keys = Some(KeySource::Data(a.iter().map(|x| key_data(x, &what)).collect::<Result<_>>()?));
-            }
-            let mut unsupported = Vec::new();
-            for f in ["fulcio", "pki"] {
-                if let Some(x) = v.get(f) {
-                    x.object(&format!("{what}: {f}"))?;
-                    sources.push(f);
-                    unsupported.push(f.to_string());
-                }
-            }
-            let rekor: Vec<&str> =
-                ["rekorPublicKeyPath", "rekorPublicKeyPaths", "rekorPublicKeyData", "rekorPublicKeyDatas"]
-                    .into_iter()
-                    .filter(|k| v.get(k).is_some())
-                    .collect();
-            if sources.len() != 1 {
-                bail!("{what}: exactly one of keyPath, keyPaths, keyData, keyDatas, fulcio, and pki must be specified");
-            }
-            if rekor.len() > 1 {
-                bail!(
-                    "{what}: at most one of rekorPublicKeyPath, rekorPublicKeyPaths, rekorPublicKeyData and rekorPublicKeyDatas can be used simultaneously"
-                );
-            }
-            if sources[0] == "fulcio" && rekor.is_empty() {
-                bail!("{what}: at least one of the rekorPublicKey* fields must be specified if fulcio is used");
-            }
-            if sources[0] == "pki" && !rekor.is_empty() {
-                bail!("{what}: rekorPublicKey* fields are not supported for pki");
-            }
-            unsupported.extend(rekor.iter().map(|s| s.to_string()));
-            if !unsupported.is_empty() {
-                keys = None;
-            }
+            let (keys, unsupported) = policy_fields::sigstore_keys(v, &what)?;
             Ok(Requirement::SigstoreSigned { keys, unsupported, identity: parse_identity(v, &what)? })
         }
         "signedBaseLayer" => {
@@ -518,14 +266,6 @@ pub struct Policy {
     pub transports: BTreeMap<String, BTreeMap<String, Vec<Requirement>>>,
 }
 
-/// Whether `scope` is a valid `oci` transport scope: an absolute, clean path other than `/`.
-fn valid_oci_scope(scope: &str) -> bool {
-    scope.starts_with('/')
-        && scope != "/"
-        && !scope.ends_with('/')
-        && scope.split('/').skip(1).all(|c| !c.is_empty() && c != "." && c != "..")
-}
-
 impl Policy {
     /// Parses policy.json text; errors name the entry (`transports.docker."scope"[0]: …`).
     pub fn parse(text: &[u8]) -> Result<Policy> {
@@ -539,8 +279,10 @@ impl Policy {
                 let mut map = BTreeMap::new();
                 for (scope, reqs) in scopes.object(&format!("transports.{name}"))? {
                     let what = format!("scope {scope:?} of transport {name:?}");
-                    if name == "oci" && !scope.is_empty() && !valid_oci_scope(scope) {
-                        bail!("{what}: invalid scope: an oci scope is an absolute, clean path other than /");
+                    if !scope.is_empty()
+                        && let Err(why) = policy_fields::validate_scope(name, scope)
+                    {
+                        bail!("{what}: invalid scope: {why}");
                     }
                     map.insert(scope.clone(), parse_requirements(reqs, &what)?);
                 }

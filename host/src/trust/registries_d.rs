@@ -3,12 +3,12 @@
 //! Only the reading side matters here: `*-staging` entries are for writers.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 use super::policy_json::docker_namespaces;
+use crate::nodefs::{FilePath, MAX_CONFIG_FILE, NodeFs};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 struct Namespace {
@@ -82,28 +82,16 @@ impl RegistriesD {
         Ok(out)
     }
 
-    /// Reads the `*.yaml` files of a directory on the runner's filesystem, in name order.
-    pub fn read_dir(dir: &Path) -> Result<Vec<(String, Vec<u8>)>> {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
-        };
-        let mut names = Vec::new();
-        for e in entries {
-            let e = e.with_context(|| format!("reading {}", dir.display()))?;
-            if let Some(n) = e.file_name().to_str().filter(|n| n.ends_with(".yaml")) {
-                names.push(n.to_string());
-            }
-        }
-        names.sort();
+    /// Reads the `*.yaml` files of a directory (a node directory or a flag's), in name
+    /// order; a missing directory, or a file gone since the listing, is nothing.
+    pub fn read_dir(fs: &NodeFs, dir: &FilePath) -> Result<Vec<(String, Vec<u8>)>> {
         let mut out = Vec::new();
-        for n in names {
-            let p = dir.join(&n);
-            match std::fs::read(&p) {
-                Ok(b) => out.push((p.display().to_string(), b)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e).with_context(|| format!("reading {}", p.display())),
+        for e in fs.list(dir)?.unwrap_or_default() {
+            if !e.name.ends_with(".yaml") {
+                continue;
+            }
+            if let Some(b) = fs.read(&e.path, MAX_CONFIG_FILE)? {
+                out.push((e.path.to_string(), b));
             }
         }
         Ok(out)
