@@ -119,8 +119,8 @@ fn env_path(var: &str) -> Option<PathBuf> {
 
 impl AuthSources {
     /// The sources for this process: `flag` (`--auth-file`) alone, else the search list
-    /// (`$REGISTRY_AUTH_FILE`, the node pull secret beneath `root`, the user's files).
-    pub fn new(fs: NodeFs, flag: Option<&Path>) -> Self {
+    /// (`$REGISTRY_AUTH_FILE`, the node pull secret `pull_secret`, the user's files).
+    pub fn new(fs: NodeFs, flag: Option<&Path>, pull_secret: FilePath) -> Self {
         if let Some(p) = flag {
             return AuthSources {
                 fs,
@@ -133,7 +133,7 @@ impl AuthSources {
         if let Some(p) = env_path("REGISTRY_AUTH_FILE") {
             search.push((FilePath::Local(p), false));
         }
-        search.push((FilePath::node(super::endpoints::paths::PULL_SECRET), false));
+        search.push((pull_secret, false));
         let mut user = Vec::new();
         if let Some(d) = env_path("XDG_RUNTIME_DIR") {
             user.push((d.join("containers/auth.json"), false));
@@ -315,7 +315,7 @@ mod tests {
             .to_string(),
         )
         .unwrap();
-        let s = AuthSources::new(NodeFs::open(Path::new("/")).unwrap(), Some(&p));
+        let s = AuthSources::new(NodeFs::open(Path::new("/")).unwrap(), Some(&p), FilePath::node("/none"));
         let u = |reg: &str, repo: &str| s.lookup(reg, repo).unwrap().creds.map(|c| c.username);
         assert_eq!(u("r.example:5000", "ns/repo").as_deref(), Some("repo"));
         assert_eq!(u("r.example:5000", "ns/other").as_deref(), Some("ns"));

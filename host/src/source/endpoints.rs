@@ -130,7 +130,7 @@ impl NodeFiles {
             let dirs: Vec<FilePath> = self.cert_dirs.iter().cloned().map(FilePath::Local).collect();
             CertSources { fs: fs.clone(), per_host: dirs.clone(), global: dirs, bundle }
         };
-        let mut auth = AuthSources::new(fs, self.auth_file.as_deref());
+        let mut auth = AuthSources::new(fs, self.auth_file.as_deref(), FilePath::node(paths::PULL_SECRET));
         auth.conf_helpers = registries.credential_helpers().map(|(h, p)| (h.to_vec(), p.to_path_buf()));
         Ok(NodeConfig { registries, certs, auth, insecure_registries: self.insecure_registries.clone() })
     }
