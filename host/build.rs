@@ -13,7 +13,7 @@ fn main() {
     let target_dir = target_dir(&root, &out_dir);
     let guest_target = target_dir.join("guest-wasm");
 
-    for p in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.toml", "Cargo.lock"] {
+    for p in ["guest/src", "guest/Cargo.toml", "facts/src", "facts/Cargo.toml", "wit", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
 

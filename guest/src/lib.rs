@@ -3,25 +3,27 @@
 //!
 //! The same code is compiled natively (unit tests, fuzzing, the host's benchmarks) and
 //! to `wasm32-wasip2` as a WebAssembly component that imports nothing (see
-//! [`component`](crate) on wasm32). It performs no I/O and reads no clock.
+//! [`component`](crate) on wasm32). It performs no I/O and reads no clock. The types are
+//! the WIT types, generated on every target ([`wit`]).
 
 #![cfg_attr(target_arch = "wasm32", no_std)]
 
 extern crate alloc;
 
-pub mod types;
+pub mod wit;
 
 mod checks;
 mod policy;
+mod providers;
 mod reference;
 mod render;
 
-pub use policy::{DEFAULT_KATA_PREFIX, MAX_VIOLATIONS, env, known_runtime_configs, plan, trimmed};
-pub use render::{HEADER, render};
+pub use policy::{MAX_VIOLATIONS, env, plan};
+pub use render::render;
+pub use wit::*;
 
 #[cfg(test)]
 mod tests;
-pub use types::*;
 
 #[cfg(target_arch = "wasm32")]
 mod component;

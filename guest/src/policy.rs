@@ -6,20 +6,12 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::checks::{check_path, is_sha256_hex, is_version, show, suggest};
-use crate::reference;
-use crate::types::*;
+use kata_addons_facts::trimmed;
 
-/// Node directory under which version directories are created.
-pub(crate) const INSTALL_DIR: &str = "/etc/kata-containers/addons";
-/// File name of the drop-in inside `config.d`.
-pub(crate) const DROP_IN_NAME: &str = "50-kata-addons.toml";
-/// kata-deploy's default installation prefix.
-pub const DEFAULT_KATA_PREFIX: &str = "/opt/kata";
-/// kata-deploy's Go-runtime configuration directory under the prefix.
-const KATA_DEPLOY_DEFAULTS: &str = "share/defaults/kata-containers";
-/// Hypervisor table every provider's drop-in sets keys in.
-pub(crate) const HYPERVISOR_TABLE: &str = "hypervisor.qemu";
+use crate::checks::{check_path, is_sha256_hex, is_version, show, suggest};
+use crate::providers::{self, KINDS};
+use crate::reference;
+use crate::wit::*;
 
 const IMAGE: usize = 0;
 const PROVIDER: usize = 1;
@@ -42,9 +34,6 @@ const KEYS: [(&str, &str); FIELDS] = [
     ("initrdSha256", "ADDON_INITRD_SHA256"),
     ("imageSha256", "ADDON_IMAGE_SHA256"),
 ];
-
-/// Artifact kinds in plan order, matching the `PATHS`/`SHAS` offsets.
-const KINDS: [ArtifactKind; 3] = [ArtifactKind::Kernel, ArtifactKind::Initrd, ArtifactKind::Image];
 
 /// Which of the two key namings an input uses.
 #[derive(Clone, Copy)]
@@ -80,93 +69,6 @@ struct Config {
     shas: [Option<String>; 3],
 }
 
-/// Static facts about a provider (DESIGN §3).
-pub(crate) struct ProviderInfo {
-    /// Name as written in `provider` / `ADDON_PROVIDER`.
-    pub name: &'static str,
-    /// Node path of the runtime's `configuration.toml` on OpenShift.
-    pub runtime_config: &'static str,
-    /// kata-deploy's Go-runtime shim (`qemu-<tee>`); the runtime-rs shim adds `-runtime-rs`.
-    pub shim: &'static str,
-    /// Artifact kinds the provider accepts.
-    pub allowed: &'static [ArtifactKind],
-}
-
-/// Looks up the static facts of a provider.
-pub(crate) fn provider_info(p: Provider) -> ProviderInfo {
-    match p {
-        Provider::Se => ProviderInfo {
-            name: "se",
-            runtime_config: "/etc/kata-containers/kata-se/configuration.toml",
-            shim: "qemu-se",
-            allowed: &[ArtifactKind::Kernel],
-        },
-        Provider::Tdx => ProviderInfo {
-            name: "tdx",
-            runtime_config: "/etc/kata-containers/kata-tdx/configuration.toml",
-            shim: "qemu-tdx",
-            allowed: &KINDS,
-        },
-        Provider::Snp => ProviderInfo {
-            name: "snp",
-            runtime_config: "/etc/kata-containers/kata-snp/configuration.toml",
-            shim: "qemu-snp",
-            allowed: &KINDS,
-        },
-    }
-}
-
-/// The installed file name of an artifact kind.
-pub(crate) fn file_name(kind: ArtifactKind) -> &'static str {
-    match kind {
-        ArtifactKind::Kernel => "kernel",
-        ArtifactKind::Initrd => "initrd",
-        ArtifactKind::Image => "image",
-    }
-}
-
-/// Node path of the drop-in for a (resolved) runtime config path.
-pub(crate) fn drop_in_path(runtime_config: &str) -> String {
-    let dir = runtime_config.rsplit_once('/').map_or("", |(d, _)| d);
-    format!("{dir}/config.d/{DROP_IN_NAME}")
-}
-
-/// Every place a runtime configuration of the provider can live, in a fixed order:
-/// OpenShift's file, then for kata-deploy's Go-runtime shim and its runtime-rs shim the
-/// file in the defaults directory (a relative symlink into `runtimes/<shim>/` since
-/// 2026, a plain file sharing one `config.d` before) and the per-shim file itself.
-pub(crate) fn runtime_configs(info: &ProviderInfo, kata_prefix: &str) -> Vec<String> {
-    let prefix = kata_prefix.trim_end_matches('/');
-    let go = format!("{prefix}/{KATA_DEPLOY_DEFAULTS}");
-    let rs = format!("{go}/runtime-rs");
-    let rs_shim = format!("{}-runtime-rs", info.shim);
-    alloc::vec![
-        String::from(info.runtime_config),
-        format!("{go}/configuration-{}.toml", info.shim),
-        format!("{go}/runtimes/{0}/configuration-{0}.toml", info.shim),
-        format!("{rs}/configuration-{rs_shim}.toml"),
-        format!("{rs}/runtimes/{rs_shim}/configuration-{rs_shim}.toml"),
-    ]
-}
-
-/// Every runtime configuration candidate of every provider, in provider order (`se`,
-/// `tdx`, `snp`), each provider's in [`runtime_configs`] order: where a kata-addons drop-in
-/// can be on a node with kata-deploy at `kata_prefix`. The runner's state-less uninstall
-/// and leftover sweep look here, so layout knowledge stays in this one place.
-pub fn known_runtime_configs(kata_prefix: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for p in [Provider::Se, Provider::Tdx, Provider::Snp] {
-        out.extend(runtime_configs(&provider_info(p), kata_prefix));
-    }
-    out
-}
-
-/// A value as the policy uses it: trimmed; `None` when empty after trimming (= absent).
-pub fn trimmed(value: &str) -> Option<&str> {
-    let v = value.trim();
-    if v.is_empty() { None } else { Some(v) }
-}
-
 /// Most violations one call returns; the last one then says how many were left out.
 pub const MAX_VIOLATIONS: usize = 64;
 
@@ -187,7 +89,7 @@ pub(crate) fn capped(mut errs: Vec<Violation>) -> Vec<Violation> {
     errs
 }
 
-fn violation(key: &str, code: Code, message: String) -> Violation {
+fn violation(key: &str, code: ViolationCode, message: String) -> Violation {
     Violation { key: String::from(key), code, message }
 }
 
@@ -212,7 +114,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
                     dup[i] = true;
                     errs.push(violation(
                         &kv.name,
-                        Code::Conflict,
+                        ViolationCode::Conflict,
                         format!("{} is given more than once: give each key exactly once", show(&kv.name)),
                     ));
                     continue;
@@ -229,7 +131,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
                     Some(s) => format!("unknown key {}: did you mean `{s}`?", show(&kv.name)),
                     None => format!("unknown key {}: known keys are {}", show(&kv.name), known.join(", ")),
                 };
-                errs.push(violation(&kv.name, Code::UnknownKey, message));
+                errs.push(violation(&kv.name, ViolationCode::UnknownKey, message));
             }
         }
     }
@@ -239,7 +141,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
     match values[IMAGE] {
         None if !dup[IMAGE] => errs.push(violation(
             naming.key(IMAGE),
-            Code::Missing,
+            ViolationCode::Missing,
             String::from(
                 "the addon image is required: `registry/repository[:tag][@sha256:<hex>]` or `oci:/path/to/layout[:tag]`",
             ),
@@ -249,7 +151,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
             Ok(r) => parsed = Some(r),
             Err(problems) => {
                 for p in problems {
-                    errs.push(violation(naming.key(IMAGE), Code::InvalidReference, p));
+                    errs.push(violation(naming.key(IMAGE), ViolationCode::InvalidReference, p));
                 }
             }
         },
@@ -257,13 +159,12 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
 
     // Provider.
     let provider = match values[PROVIDER] {
-        None | Some("se") => Some(Provider::Se),
-        Some("tdx") => Some(Provider::Tdx),
-        Some("snp") => Some(Provider::Snp),
+        None => Some(Provider::Se),
+        Some(name) if providers::named(name).is_some() => providers::named(name),
         Some(other) => {
             errs.push(violation(
                 naming.key(PROVIDER),
-                Code::InvalidProvider,
+                ViolationCode::InvalidProvider,
                 format!("unknown provider {}: accepted values are `se`, `tdx` and `snp` (lowercase)", show(other)),
             ));
             None
@@ -276,7 +177,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
         Some(v) if is_version(v) => version = Some(String::from(v)),
         Some(v) => errs.push(violation(
             naming.key(VERSION),
-            Code::InvalidVersion,
+            ViolationCode::InvalidVersion,
             format!(
                 "version {} is invalid: 1-128 characters from `A-Za-z0-9._+-`, starting with a letter or digit",
                 show(v)
@@ -291,7 +192,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
                 } else {
                     errs.push(violation(
                         naming.key(VERSION),
-                        Code::InvalidVersion,
+                        ViolationCode::InvalidVersion,
                         format!(
                             "the default version {} (from the image tag) is not a valid version: set `{}` explicitly",
                             show(&derived),
@@ -311,21 +212,20 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
         if let Some(p) = values[PATHS + a] {
             match check_path(p) {
                 Ok(()) => paths[a] = Some(String::from(p)),
-                Err(e) => errs.push(violation(naming.key(PATHS + a), Code::InvalidPath, e)),
+                Err(e) => errs.push(violation(naming.key(PATHS + a), ViolationCode::InvalidPath, e)),
             }
-            if let Some(pr) = provider {
-                let info = provider_info(pr);
-                if !info.allowed.contains(&KINDS[a]) {
-                    errs.push(violation(
-                        naming.key(PATHS + a),
-                        Code::NotAllowed,
-                        format!(
-                            "provider `{}` boots a kernel only: remove `{}` (use provider `tdx` or `snp` for an initrd or image)",
-                            info.name,
-                            naming.key(PATHS + a)
-                        ),
-                    ));
-                }
+            if let Some(pr) = provider
+                && !providers::allowed(pr).contains(&KINDS[a])
+            {
+                errs.push(violation(
+                    naming.key(PATHS + a),
+                    ViolationCode::NotAllowed,
+                    format!(
+                        "provider `{}` boots a kernel only: remove `{}` (use provider `tdx` or `snp` for an initrd or image)",
+                        pr.wit_name(),
+                        naming.key(PATHS + a)
+                    ),
+                ));
             }
         }
         if let Some(h) = values[SHAS + a] {
@@ -334,7 +234,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
             } else {
                 errs.push(violation(
                     naming.key(SHAS + a),
-                    Code::InvalidSha256,
+                    ViolationCode::InvalidSha256,
                     format!(
                         "sha256 {} is invalid: exactly 64 lowercase hex characters (0-9, a-f) are accepted",
                         show(h)
@@ -344,7 +244,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
             if !present {
                 errs.push(violation(
                     naming.key(SHAS + a),
-                    Code::Inconsistent,
+                    ViolationCode::Inconsistent,
                     format!(
                         "`{}` is set but `{}` is not: a checksum needs its artifact",
                         naming.key(SHAS + a),
@@ -358,7 +258,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
     if !(0..3).any(present) {
         errs.push(violation(
             naming.key(PATHS),
-            Code::Missing,
+            ViolationCode::Missing,
             format!(
                 "no artifact: set `{}` (and, for providers that allow it, `{}` or `{}`)",
                 naming.key(PATHS),
@@ -370,7 +270,7 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
     if present(1) && present(2) {
         errs.push(violation(
             naming.key(PATHS + 2),
-            Code::Conflict,
+            ViolationCode::Conflict,
             format!(
                 "`{}` and `{}` are exclusive: a guest boots either an initrd or an image",
                 naming.key(PATHS + 1),
@@ -409,7 +309,7 @@ pub fn env(data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
     let key = |i: usize| Naming::Env.key(i);
     let mut out = alloc::vec![
         KeyValue::new(key(IMAGE), c.image),
-        KeyValue::new(key(PROVIDER), provider_info(c.provider).name),
+        KeyValue::new(key(PROVIDER), c.provider.wit_name()),
         KeyValue::new(key(VERSION), c.version),
     ];
     for (a, p) in c.paths.into_iter().enumerate() {
@@ -428,7 +328,7 @@ pub fn env(data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
 /// `ADDON_*` env list + node facts -> install plan.
 pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>> {
     let prefix_ok = check_path(&node.kata_prefix)
-        .map_err(|e| violation("--kata-prefix", Code::InvalidPath, format!("kata-deploy prefix: {e}")));
+        .map_err(|e| violation("--kata-prefix", ViolationCode::InvalidPath, format!("kata-deploy prefix: {e}")));
     let c = match (resolve(env, Naming::Env), prefix_ok) {
         (Ok(c), Ok(())) => c,
         (Err(mut errs), Err(p)) => {
@@ -438,15 +338,16 @@ pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>
         (Err(errs), Ok(())) => return Err(capped(errs)),
         (Ok(_), Err(p)) => return Err(alloc::vec![p]),
     };
-    let info = provider_info(c.provider);
     let mut artifacts = Vec::new();
     for (a, (p, h)) in c.paths.into_iter().zip(c.shas).enumerate() {
         if let Some(source) = p {
             artifacts.push(Artifact {
                 kind: KINDS[a],
                 source,
-                file_name: String::from(file_name(KINDS[a])),
+                file_name: String::from(KINDS[a].wit_name()),
                 sha256: h,
+                verity: None,
+                name: None,
             });
         }
     }
@@ -455,10 +356,8 @@ pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>
         source: c.source,
         provider: c.provider,
         version: c.version,
-        runtime_configs: runtime_configs(&info, &node.kata_prefix),
-        hypervisor_table: String::from(HYPERVISOR_TABLE),
-        install_dir: String::from(INSTALL_DIR),
-        drop_in_name: String::from(DROP_IN_NAME),
+        runtime_classes: Vec::new(),
+        runtime_configs: providers::runtime_configs(c.provider, &node.kata_prefix),
         artifacts,
     })
 }

@@ -5,7 +5,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::checks::{check_path, is_sha256_hex, is_tag, show};
-use crate::types::{ImageSource, LayoutRef, RegistryRef};
+use crate::wit::{ImageSource, LayoutRef, RegistryRef};
 
 /// Longest accepted repository name (`registry/repository`), as in the distribution spec.
 const MAX_NAME: usize = 255;

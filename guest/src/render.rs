@@ -7,12 +7,11 @@ use alloc::vec::Vec;
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
-use crate::checks::{check_path, show};
-use crate::policy::{DROP_IN_NAME, HYPERVISOR_TABLE, drop_in_path, file_name, provider_info};
-use crate::types::*;
+use kata_addons_facts::{HEADER, HYPERVISOR_TABLE, INSTALL_DIR, drop_in_path};
 
-/// First line of every drop-in. Constant: no value is ever formatted into a comment.
-pub const HEADER: &str = "# Managed by kata-addons. Do not edit: run `kata-addons uninstall` to remove it.\n";
+use crate::checks::{check_path, show};
+use crate::providers;
+use crate::wit::*;
 
 /// The keys the drop-in sets, in a fixed order.
 #[derive(Serialize)]
@@ -44,83 +43,80 @@ impl Serialize for Nested<'_> {
     }
 }
 
-fn violation(key: &str, code: Code, message: String) -> Violation {
+fn violation(key: &str, code: ViolationCode, message: String) -> Violation {
     Violation { key: String::from(key), code, message }
 }
 
 /// Checks that a plan is one `plan` could have produced, as far as the drop-in depends on it.
 fn check_plan(plan: &Plan, errs: &mut Vec<Violation>) {
-    let info = provider_info(plan.provider);
-    if plan.hypervisor_table != HYPERVISOR_TABLE {
+    let provider = plan.provider;
+    if plan.runtime_configs.first().map(String::as_str) != Some(providers::layout(provider).openshift_config) {
         errs.push(violation(
             "plan",
-            Code::Inconsistent,
-            format!("hypervisor table {} is not `{HYPERVISOR_TABLE}`", show(&plan.hypervisor_table)),
+            ViolationCode::Inconsistent,
+            format!("the runtime configs do not belong to provider `{provider}`"),
         ));
-    }
-    if plan.runtime_configs.first().map(String::as_str) != Some(info.runtime_config)
-        || plan.drop_in_name != DROP_IN_NAME
-    {
-        errs.push(violation(
-            "plan",
-            Code::Inconsistent,
-            format!("runtime configs or drop-in name do not belong to provider `{}`", info.name),
-        ));
-    }
-    if let Err(e) = check_path(&plan.install_dir) {
-        errs.push(violation("plan", Code::InvalidPath, format!("install dir: {e}")));
     }
     if plan.artifacts.is_empty() {
-        errs.push(violation("plan", Code::Missing, String::from("the plan has no artifact")));
+        errs.push(violation("plan", ViolationCode::Missing, String::from("the plan has no artifact")));
     }
     for (i, a) in plan.artifacts.iter().enumerate() {
         if plan.artifacts[..i].iter().any(|b| b.kind == a.kind) {
-            errs.push(violation("plan", Code::Inconsistent, format!("the plan lists the {} twice", file_name(a.kind))));
-        }
-        if a.file_name != file_name(a.kind) {
             errs.push(violation(
                 "plan",
-                Code::Inconsistent,
-                format!("the {} file name is {}, not `{}`", file_name(a.kind), show(&a.file_name), file_name(a.kind)),
+                ViolationCode::Inconsistent,
+                format!("the plan lists the {} twice", a.kind.wit_name()),
             ));
         }
-        if !info.allowed.contains(&a.kind) {
+        if a.file_name != a.kind.wit_name() {
             errs.push(violation(
                 "plan",
-                Code::NotAllowed,
-                format!("provider `{}` does not accept an {}", info.name, file_name(a.kind)),
+                ViolationCode::Inconsistent,
+                format!("the {} file name is {}, not `{}`", a.kind.wit_name(), show(&a.file_name), a.kind.wit_name()),
+            ));
+        }
+        if !providers::allowed(provider).contains(&a.kind) {
+            errs.push(violation(
+                "plan",
+                ViolationCode::NotAllowed,
+                format!("provider `{provider}` does not accept an {}", a.kind.wit_name()),
             ));
         }
     }
     let has = |k: ArtifactKind| plan.artifacts.iter().any(|a| a.kind == k);
     if has(ArtifactKind::Initrd) && has(ArtifactKind::Image) {
-        errs.push(violation("plan", Code::Conflict, String::from("the plan has both an initrd and an image")));
+        errs.push(violation("plan", ViolationCode::Conflict, String::from("the plan has both an initrd and an image")));
     }
 }
 
 /// Checks the resolved runtime configurations the runner found: clean node paths of
 /// `configuration*.toml` files, at least one, each directory (and so `config.d`) once.
-fn check_runtime_configs(found: &[String], errs: &mut Vec<Violation>) {
+fn check_runtime_configs(found: &[RuntimeConfigFacts], errs: &mut Vec<Violation>) {
     if found.is_empty() {
-        errs.push(violation("runtime-configs", Code::Missing, String::from("no runtime configuration was given")));
+        errs.push(violation(
+            "runtime-configs",
+            ViolationCode::Missing,
+            String::from("no runtime configuration was given"),
+        ));
     }
     for (i, rc) in found.iter().enumerate() {
+        let rc = &rc.path;
         if let Err(e) = check_path(rc) {
-            errs.push(violation("runtime-configs", Code::InvalidPath, e));
+            errs.push(violation("runtime-configs", ViolationCode::InvalidPath, e));
             continue;
         }
         let name = rc.rsplit('/').next().unwrap_or("");
         if !(name.starts_with("configuration") && name.ends_with(".toml")) {
             errs.push(violation(
                 "runtime-configs",
-                Code::InvalidPath,
+                ViolationCode::InvalidPath,
                 format!("{} is not a Kata `configuration*.toml` file", show(rc)),
             ));
         }
-        if found[..i].iter().any(|o| drop_in_path(o) == drop_in_path(rc)) {
+        if found[..i].iter().any(|o| drop_in_path(&o.path) == drop_in_path(rc)) {
             errs.push(violation(
                 "runtime-configs",
-                Code::Conflict,
+                ViolationCode::Conflict,
                 format!("{} shares its directory (and `config.d`) with another runtime configuration", show(rc)),
             ));
         }
@@ -131,38 +127,42 @@ fn check_runtime_configs(found: &[String], errs: &mut Vec<Violation>) {
 pub fn render(
     plan: &Plan,
     installed: &[InstalledFile],
-    runtime_configs: &[String],
+    runtime_configs: &[RuntimeConfigFacts],
 ) -> Result<Vec<DropIn>, Vec<Violation>> {
     let mut errs = Vec::new();
     check_plan(plan, &mut errs);
     check_runtime_configs(runtime_configs, &mut errs);
-    let prefix = format!("{}/", plan.install_dir);
-    let mut paths: [Option<&str>; 3] = [None, None, None];
+    let prefix = format!("{INSTALL_DIR}/");
+    let mut paths: [Option<&str>; 4] = [None; 4];
     let mut version_dir: Option<&str> = None;
     for f in installed {
-        let name = file_name(f.kind);
+        let name = f.kind.wit_name();
         let slot = f.kind as usize;
         if !plan.artifacts.iter().any(|a| a.kind == f.kind) {
             errs.push(violation(
                 "installed",
-                Code::Inconsistent,
+                ViolationCode::Inconsistent,
                 format!("the {name} was installed but the plan has no {name}"),
             ));
             continue;
         }
         if paths[slot].is_some() {
-            errs.push(violation("installed", Code::Inconsistent, format!("the {name} is listed more than once")));
+            errs.push(violation(
+                "installed",
+                ViolationCode::Inconsistent,
+                format!("the {name} is listed more than once"),
+            ));
             continue;
         }
         if let Err(e) = check_path(&f.path) {
-            errs.push(violation("installed", Code::InvalidPath, format!("{name}: {e}")));
+            errs.push(violation("installed", ViolationCode::InvalidPath, format!("{name}: {e}")));
             continue;
         }
         let rest = f.path.strip_prefix(prefix.as_str()).unwrap_or("");
         let Some((dir, file)) = rest.split_once('/').filter(|(_, file)| !file.contains('/')) else {
             errs.push(violation(
                 "installed",
-                Code::InvalidPath,
+                ViolationCode::InvalidPath,
                 format!("{name} path {} is not `{}<version dir>/{name}`", show(&f.path), prefix),
             ));
             continue;
@@ -170,7 +170,7 @@ pub fn render(
         if file != name {
             errs.push(violation(
                 "installed",
-                Code::Inconsistent,
+                ViolationCode::Inconsistent,
                 format!("{name} path {} does not end in `/{name}`", show(&f.path)),
             ));
             continue;
@@ -178,7 +178,7 @@ pub fn render(
         match version_dir {
             Some(d) if d != dir => errs.push(violation(
                 "installed",
-                Code::Inconsistent,
+                ViolationCode::Inconsistent,
                 format!("{name} path {} is in another version directory than {}", show(&f.path), show(d)),
             )),
             _ => version_dir = Some(dir),
@@ -189,25 +189,25 @@ pub fn render(
         if installed.iter().all(|f| f.kind != a.kind) {
             errs.push(violation(
                 "installed",
-                Code::Inconsistent,
-                format!("the plan's {} was not installed", file_name(a.kind)),
+                ViolationCode::Inconsistent,
+                format!("the plan's {} was not installed", a.kind.wit_name()),
             ));
         }
     }
     if !errs.is_empty() {
         return Err(crate::policy::capped(errs));
     }
-    let [kernel, initrd, image] = paths;
+    let [kernel, initrd, image, _extension] = paths;
     // `image` and `initrd` are exclusive at runtime, and a drop-in cannot delete keys:
     // installing one clears the other.
     let keys = Keys { kernel, initrd: initrd.or(image.map(|_| "")), image: image.or(initrd.map(|_| "")) };
-    let table: Vec<&str> = plan.hypervisor_table.split('.').collect();
+    let table: Vec<&str> = HYPERVISOR_TABLE.split('.').collect();
     let body = toml::to_string(&Nested { path: &table, leaf: &keys }).map_err(|e| {
-        alloc::vec![violation("plan", Code::Inconsistent, format!("cannot serialise the drop-in: {e}"))]
+        alloc::vec![violation("plan", ViolationCode::Inconsistent, format!("cannot serialise the drop-in: {e}"))]
     })?;
     let contents = format!("{HEADER}{body}");
     Ok(runtime_configs
         .iter()
-        .map(|rc| DropIn { runtime_config: rc.clone(), path: drop_in_path(rc), contents: contents.clone() })
+        .map(|rc| DropIn { runtime_config: rc.path.clone(), path: drop_in_path(&rc.path), contents: contents.clone() })
         .collect())
 }

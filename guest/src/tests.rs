@@ -3,6 +3,21 @@
 use crate::*;
 use alloc::string::String;
 use alloc::vec::Vec;
+use kata_addons_facts::{HEADER, INSTALL_DIR};
+
+/// Runtime configuration facts with just the path (what the runner read is not needed here).
+fn rcs(paths: &[&str]) -> Vec<RuntimeConfigFacts> {
+    paths
+        .iter()
+        .map(|p| RuntimeConfigFacts {
+            path: String::from(*p),
+            handler: None,
+            keys: Vec::new(),
+            extensions: Vec::new(),
+            extensions_from: None,
+        })
+        .collect()
+}
 
 const IMG: &str = "quay.io/openshift_sandboxed_containers/kata-se-artifacts:v1.0";
 const HEX: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -25,7 +40,7 @@ fn env_err(pairs: &[(&str, &str)]) -> Vec<Violation> {
     }
 }
 
-fn codes(v: &[Violation]) -> Vec<(&str, Code)> {
+fn codes(v: &[Violation]) -> Vec<(&str, ViolationCode)> {
     v.iter().map(|v| (v.key.as_str(), v.code)).collect()
 }
 
@@ -45,8 +60,8 @@ fn plan(env: &[KeyValue]) -> Result<Plan, Vec<Violation>> {
 
 /// `render` for the plan's first candidate (the OpenShift file) only: its one drop-in's text.
 fn render(p: &Plan, installed: &[InstalledFile]) -> Result<String, Vec<Violation>> {
-    let first: Vec<String> = p.runtime_configs.iter().take(1).cloned().collect();
-    crate::render(p, installed, &first).map(|d| {
+    let first: Vec<&str> = p.runtime_configs.iter().take(1).map(String::as_str).collect();
+    crate::render(p, installed, &rcs(&first)).map(|d| {
         assert_eq!(d.len(), 1, "one drop-in per runtime config");
         d.into_iter().map(|d| d.contents).collect()
     })
@@ -120,21 +135,21 @@ fn values_are_trimmed_and_empty_is_absent() {
     assert_eq!(e[2].1, "v1");
     assert_eq!(e[3].1, "/k");
     let v = env_err(&[("addonImage", "   "), ("kernelPath", "/k")]);
-    assert_eq!(codes(&v), [("addonImage", Code::Missing)]);
+    assert_eq!(codes(&v), [("addonImage", ViolationCode::Missing)]);
 }
 
 #[test]
 fn duplicate_keys_are_errors() {
     let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("kernelPath", "/k"), ("kernelPath", "/x")]);
-    assert_eq!(codes(&v), [("kernelPath", Code::Conflict)]);
+    assert_eq!(codes(&v), [("kernelPath", ViolationCode::Conflict)]);
     let v = env_err(&[("addonImage", IMG), ("addonImage", IMG), ("kernelPath", "/k")]);
-    assert_eq!(codes(&v), [("addonImage", Code::Conflict)]);
+    assert_eq!(codes(&v), [("addonImage", ViolationCode::Conflict)]);
 }
 
 #[test]
 fn unknown_keys_suggest_the_closest() {
     let v = env_err(&[("addonImage", IMG), ("kernelpath", "/k")]);
-    assert_eq!(codes(&v), [("kernelpath", Code::UnknownKey), ("kernelPath", Code::Missing)]);
+    assert_eq!(codes(&v), [("kernelpath", ViolationCode::UnknownKey), ("kernelPath", ViolationCode::Missing)]);
     assert!(v[0].message.contains("did you mean `kernelPath`?"), "{}", v[0].message);
     let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("ADDON_VERSION", "1")]);
     assert!(v[0].message.contains("did you mean `version`?"), "{}", v[0].message);
@@ -142,10 +157,10 @@ fn unknown_keys_suggest_the_closest() {
     assert!(v[0].message.contains("known keys are addonImage"), "{}", v[0].message);
     let v = plan(&kv(&[("ADDON_IMAGE", IMG), ("ADDON_KERNEL_PATH", "/k"), ("ADDON_KERNELSHA256", HEX)]))
         .expect_err("unknown");
-    assert_eq!(codes(&v), [("ADDON_KERNELSHA256", Code::UnknownKey)]);
+    assert_eq!(codes(&v), [("ADDON_KERNELSHA256", ViolationCode::UnknownKey)]);
     assert!(v[0].message.contains("did you mean `ADDON_KERNEL_SHA256`?"), "{}", v[0].message);
     let v = plan(&kv(&[("ADDON_IMAGE", IMG), ("kernelPath", "/k")])).expect_err("data key in env");
-    assert_eq!(codes(&v), [("kernelPath", Code::UnknownKey), ("ADDON_KERNEL_PATH", Code::Missing)]);
+    assert_eq!(codes(&v), [("kernelPath", ViolationCode::UnknownKey), ("ADDON_KERNEL_PATH", ViolationCode::Missing)]);
     assert!(v[0].message.contains("did you mean `ADDON_KERNEL_PATH`?"), "{}", v[0].message);
     // Control characters in unknown keys are escaped in messages.
     let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("a\nb", "")]);
@@ -165,15 +180,15 @@ fn all_violations_are_reported_at_once() {
     ]);
     let c = codes(&v);
     for want in [
-        ("typo", Code::UnknownKey),
-        ("addonImage", Code::InvalidReference),
-        ("provider", Code::InvalidProvider),
-        ("version", Code::InvalidVersion),
-        ("initrdPath", Code::InvalidPath),
-        ("imagePath", Code::InvalidPath),
-        ("imagePath", Code::Conflict),
-        ("kernelSha256", Code::InvalidSha256),
-        ("kernelSha256", Code::Inconsistent),
+        ("typo", ViolationCode::UnknownKey),
+        ("addonImage", ViolationCode::InvalidReference),
+        ("provider", ViolationCode::InvalidProvider),
+        ("version", ViolationCode::InvalidVersion),
+        ("initrdPath", ViolationCode::InvalidPath),
+        ("imagePath", ViolationCode::InvalidPath),
+        ("imagePath", ViolationCode::Conflict),
+        ("kernelSha256", ViolationCode::InvalidSha256),
+        ("kernelSha256", ViolationCode::Inconsistent),
     ] {
         assert!(c.contains(&want), "{want:?} missing from {c:?}");
     }
@@ -182,7 +197,7 @@ fn all_violations_are_reported_at_once() {
 #[test]
 fn image_is_required() {
     let v = env_err(&[("kernelPath", "/k")]);
-    assert_eq!(codes(&v), [("addonImage", Code::Missing)]);
+    assert_eq!(codes(&v), [("addonImage", ViolationCode::Missing)]);
 }
 
 #[test]
@@ -244,12 +259,12 @@ fn registry_references_rejected() {
         "oci:/",
     ] {
         let v = image_err(bad);
-        assert!(v.iter().all(|v| v.key == "addonImage" && v.code == Code::InvalidReference), "{bad}: {v:?}");
+        assert!(v.iter().all(|v| v.key == "addonImage" && v.code == ViolationCode::InvalidReference), "{bad}: {v:?}");
     }
     let tag129 = alloc::format!("quay.io/a/b:{}", "t".repeat(129));
-    assert_eq!(codes(&image_err(&tag129))[0].1, Code::InvalidReference);
+    assert_eq!(codes(&image_err(&tag129))[0].1, ViolationCode::InvalidReference);
     let long = alloc::format!("quay.io/{}:v1", "a".repeat(250));
-    assert_eq!(codes(&image_err(&long))[0].1, Code::InvalidReference);
+    assert_eq!(codes(&image_err(&long))[0].1, ViolationCode::InvalidReference);
 }
 
 #[test]
@@ -310,17 +325,17 @@ fn version_rules() {
     assert_eq!(e[2].1, "v1");
     // A tag starting with `_` is a valid tag but not a valid version.
     let v = env_err(&[("addonImage", "quay.io/a/b:_t"), ("kernelPath", "/k")]);
-    assert_eq!(codes(&v), [("version", Code::InvalidVersion)]);
+    assert_eq!(codes(&v), [("version", ViolationCode::InvalidVersion)]);
     for bad in ["-v", ".v", "v/1", "v 1", "v:1", "ü"] {
         let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", bad)]);
-        assert_eq!(codes(&v), [("version", Code::InvalidVersion)], "{bad}");
+        assert_eq!(codes(&v), [("version", ViolationCode::InvalidVersion)], "{bad}");
     }
     let v128 = "v".repeat(128);
     assert_eq!(env_ok(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", &v128)])[2].1, v128);
     let v129 = "v".repeat(129);
     assert_eq!(
         codes(&env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("version", &v129)]))[0].1,
-        Code::InvalidVersion
+        ViolationCode::InvalidVersion
     );
 }
 
@@ -346,13 +361,12 @@ fn providers() {
                 ),
             ] as [String; 5]
         );
-        assert_eq!(p.hypervisor_table, "hypervisor.qemu");
-        assert_eq!(p.install_dir, "/etc/kata-containers/addons");
-        assert_eq!(p.drop_in_name, "50-kata-addons.toml");
+        assert!(p.runtime_classes.is_empty());
+        assert!(p.artifacts.iter().all(|a| a.verity.is_none() && a.name.is_none()));
     }
     for bad in ["SE", "sev", "qemu"] {
         let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("provider", bad)]);
-        assert_eq!(codes(&v), [("provider", Code::InvalidProvider)]);
+        assert_eq!(codes(&v), [("provider", ViolationCode::InvalidProvider)]);
         assert!(v[0].message.contains("`se`, `tdx` and `snp`"));
     }
 }
@@ -360,11 +374,11 @@ fn providers() {
 #[test]
 fn se_allows_kernel_only() {
     let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("initrdPath", "/i")]);
-    assert_eq!(codes(&v), [("initrdPath", Code::NotAllowed)]);
+    assert_eq!(codes(&v), [("initrdPath", ViolationCode::NotAllowed)]);
     let v = env_err(&[("addonImage", IMG), ("imagePath", "/i")]);
-    assert_eq!(codes(&v), [("imagePath", Code::NotAllowed)]);
+    assert_eq!(codes(&v), [("imagePath", ViolationCode::NotAllowed)]);
     let v = plan(&kv(&[("ADDON_IMAGE", IMG), ("ADDON_IMAGE_PATH", "/i")])).expect_err("se image");
-    assert_eq!(codes(&v), [("ADDON_IMAGE_PATH", Code::NotAllowed)]);
+    assert_eq!(codes(&v), [("ADDON_IMAGE_PATH", ViolationCode::NotAllowed)]);
 }
 
 #[test]
@@ -391,9 +405,9 @@ fn tdx_and_snp_artifacts() {
 #[test]
 fn artifact_presence_rules() {
     let v = env_err(&[("addonImage", IMG)]);
-    assert_eq!(codes(&v), [("kernelPath", Code::Missing)]);
+    assert_eq!(codes(&v), [("kernelPath", ViolationCode::Missing)]);
     let v = env_err(&[("addonImage", IMG), ("provider", "tdx"), ("initrdPath", "/i"), ("imagePath", "/m")]);
-    assert_eq!(codes(&v), [("imagePath", Code::Conflict)]);
+    assert_eq!(codes(&v), [("imagePath", ViolationCode::Conflict)]);
 }
 
 #[test]
@@ -408,7 +422,7 @@ fn path_rules() {
         ["k", "./k", "/", "/a/", "/a//b", "/a/./b", "/a/../b", "/..", "/a\0b", "/a\nb", "/a\x7fb", "/a\u{85}b", &long]
     {
         let v = env_err(&[("addonImage", IMG), ("kernelPath", bad)]);
-        assert_eq!(codes(&v), [("kernelPath", Code::InvalidPath)], "{bad:?}");
+        assert_eq!(codes(&v), [("kernelPath", ViolationCode::InvalidPath)], "{bad:?}");
         assert!(!v[0].message.contains('\n') && !v[0].message.contains('\0'));
     }
 }
@@ -418,11 +432,11 @@ fn sha256_rules() {
     env_ok(&[("addonImage", IMG), ("kernelPath", "/k"), ("kernelSha256", HEX)]);
     for bad in [&HEX[1..], &HEX.to_uppercase(), &alloc::format!("{HEX}0"), &alloc::format!("sha256:{HEX}")] {
         let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("kernelSha256", bad)]);
-        assert_eq!(codes(&v), [("kernelSha256", Code::InvalidSha256)]);
+        assert_eq!(codes(&v), [("kernelSha256", ViolationCode::InvalidSha256)]);
         assert!(v[0].message.contains("64 lowercase hex"));
     }
     let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("initrdSha256", HEX)]);
-    assert_eq!(codes(&v), [("initrdSha256", Code::Inconsistent)]);
+    assert_eq!(codes(&v), [("initrdSha256", ViolationCode::Inconsistent)]);
 }
 
 #[test]
@@ -439,7 +453,7 @@ fn base_plan(provider: &str, paths: &[(&str, &str)]) -> Plan {
 }
 
 fn inst(kind: ArtifactKind, path: &str) -> InstalledFile {
-    InstalledFile { kind, path: path.into() }
+    InstalledFile { kind, path: path.into(), filesystem: None, verity: None }
 }
 
 const D: &str = "/etc/kata-containers/addons/v1.0-0123456789ab";
@@ -486,54 +500,54 @@ fn render_rejects_bad_installed() {
     let p = base_plan("tdx", &[("ADDON_KERNEL_PATH", "/k"), ("ADDON_IMAGE_PATH", "/m")]);
     let k = alloc::format!("{D}/kernel");
     let m = alloc::format!("{D}/image");
-    let cases: Vec<(Vec<InstalledFile>, Vec<Code>)> = alloc::vec![
-        (alloc::vec![inst(ArtifactKind::Kernel, &k)], alloc::vec![Code::Inconsistent]),
+    let cases: Vec<(Vec<InstalledFile>, Vec<ViolationCode>)> = alloc::vec![
+        (alloc::vec![inst(ArtifactKind::Kernel, &k)], alloc::vec![ViolationCode::Inconsistent]),
         (
             alloc::vec![
                 inst(ArtifactKind::Kernel, &k),
                 inst(ArtifactKind::Image, &m),
                 inst(ArtifactKind::Initrd, "/x")
             ],
-            alloc::vec![Code::Inconsistent]
+            alloc::vec![ViolationCode::Inconsistent]
         ),
         (
             alloc::vec![inst(ArtifactKind::Kernel, &k), inst(ArtifactKind::Kernel, &k), inst(ArtifactKind::Image, &m)],
-            alloc::vec![Code::Inconsistent]
+            alloc::vec![ViolationCode::Inconsistent]
         ),
         (
             alloc::vec![inst(ArtifactKind::Kernel, "/boot/kernel"), inst(ArtifactKind::Image, &m)],
-            alloc::vec![Code::InvalidPath]
+            alloc::vec![ViolationCode::InvalidPath]
         ),
         (
             alloc::vec![
                 inst(ArtifactKind::Kernel, "/etc/kata-containers/addons/kernel"),
                 inst(ArtifactKind::Image, &m)
             ],
-            alloc::vec![Code::InvalidPath]
+            alloc::vec![ViolationCode::InvalidPath]
         ),
         (
             alloc::vec![inst(ArtifactKind::Kernel, &alloc::format!("{D}/../kernel")), inst(ArtifactKind::Image, &m)],
-            alloc::vec![Code::InvalidPath]
+            alloc::vec![ViolationCode::InvalidPath]
         ),
         (
             alloc::vec![
                 inst(ArtifactKind::Kernel, "/etc/kata-containers/addonsX/v/kernel"),
                 inst(ArtifactKind::Image, &m)
             ],
-            alloc::vec![Code::InvalidPath]
+            alloc::vec![ViolationCode::InvalidPath]
         ),
         (
             alloc::vec![inst(ArtifactKind::Kernel, &alloc::format!("{D}/vmlinuz")), inst(ArtifactKind::Image, &m)],
-            alloc::vec![Code::Inconsistent]
+            alloc::vec![ViolationCode::Inconsistent]
         ),
         (
             alloc::vec![
                 inst(ArtifactKind::Kernel, "/etc/kata-containers/addons/other/kernel"),
                 inst(ArtifactKind::Image, &m)
             ],
-            alloc::vec![Code::Inconsistent]
+            alloc::vec![ViolationCode::Inconsistent]
         ),
-        (alloc::vec![], alloc::vec![Code::Inconsistent, Code::Inconsistent]),
+        (alloc::vec![], alloc::vec![ViolationCode::Inconsistent, ViolationCode::Inconsistent]),
     ];
     for (installed, want) in cases {
         let v = render(&p, &installed).expect_err("violations");
@@ -547,35 +561,28 @@ fn render_rejects_inconsistent_plan() {
     let good = base_plan("se", &[("ADDON_KERNEL_PATH", "/k")]);
     let k = [inst(ArtifactKind::Kernel, &alloc::format!("{D}/kernel"))];
     let mut p = good.clone();
-    p.hypervisor_table = "hypervisor.clh".into();
-    assert_eq!(codes(&render(&p, &k).expect_err("table")), [("plan", Code::Inconsistent)]);
-    let mut p = good.clone();
-    p.drop_in_name = "../passwd".into();
-    assert_eq!(codes(&render(&p, &k).expect_err("drop-in")), [("plan", Code::Inconsistent)]);
-    let mut p = good.clone();
     p.runtime_configs[0] = "/etc/kata-containers/kata-tdx/configuration.toml".into();
     assert!(
-        codes(&crate::render(&p, &k, &["/etc/kata-containers/kata-se/configuration.toml".into()]).expect_err("rc"))
-            .contains(&("plan", Code::Inconsistent))
+        codes(&crate::render(&p, &k, &rcs(&["/etc/kata-containers/kata-se/configuration.toml"])).expect_err("rc"))
+            .contains(&("plan", ViolationCode::Inconsistent))
     );
     let mut p = good.clone();
-    p.install_dir = "relative".into();
-    assert!(codes(&render(&p, &k).expect_err("dir")).contains(&("plan", Code::InvalidPath)));
-    let mut p = good.clone();
     p.artifacts[0].file_name = "../x".into();
-    assert_eq!(codes(&render(&p, &k).expect_err("name")), [("plan", Code::Inconsistent)]);
+    assert_eq!(codes(&render(&p, &k).expect_err("name")), [("plan", ViolationCode::Inconsistent)]);
     let mut p = good.clone();
     p.artifacts.push(Artifact {
         kind: ArtifactKind::Initrd,
         source: "/i".into(),
         file_name: "initrd".into(),
         sha256: None,
+        verity: None,
+        name: None,
     });
     let v = render(&p, &k).expect_err("se initrd");
-    assert!(codes(&v).contains(&("plan", Code::NotAllowed)));
+    assert!(codes(&v).contains(&("plan", ViolationCode::NotAllowed)));
     let mut p = good;
     p.artifacts.clear();
-    assert!(codes(&render(&p, &k).expect_err("empty")).contains(&("plan", Code::Missing)));
+    assert!(codes(&render(&p, &k).expect_err("empty")).contains(&("plan", ViolationCode::Missing)));
 }
 
 /// A tiny deterministic PRNG (xorshift64*), so junk tests need no extra dependency.
@@ -681,7 +688,9 @@ fn junk_never_panics() {
                 .iter()
                 .map(|a| InstalledFile {
                     kind: a.kind,
-                    path: alloc::format!("{}/{}/{}", p.install_dir, rng.junk(), a.file_name),
+                    path: alloc::format!("{INSTALL_DIR}/{}/{}", rng.junk(), a.file_name),
+                    filesystem: None,
+                    verity: None,
                 })
                 .collect();
             let _ = render(&p, &installed);
@@ -693,6 +702,8 @@ fn junk_never_panics() {
             .map(|_| InstalledFile {
                 kind: kinds[(rng.next() % 3) as usize],
                 path: alloc::format!("{D}/{}", rng.junk()),
+                filesystem: None,
+                verity: None,
             })
             .collect();
         let _ = render(&p, &installed);
@@ -708,11 +719,11 @@ fn kata_prefix_moves_the_kata_deploy_candidates() {
     assert!(p.runtime_configs[1..].iter().all(|c| c.starts_with("/usr/local/kata/share/defaults/kata-containers/")));
     for bad in ["relative", "/a/../b", ""] {
         let v = crate::plan(&e, &NodeOptions { kata_prefix: bad.into() }).expect_err("bad prefix");
-        assert_eq!(codes(&v), [("--kata-prefix", Code::InvalidPath)], "{bad}");
+        assert_eq!(codes(&v), [("--kata-prefix", ViolationCode::InvalidPath)], "{bad}");
     }
     // Bad env and bad prefix are reported together.
     let v = crate::plan(&kv(&[("ADDON_IMAGE", IMG)]), &NodeOptions { kata_prefix: "x".into() }).expect_err("both");
-    assert!(codes(&v).contains(&("--kata-prefix", Code::InvalidPath)) && v.len() >= 2, "{v:?}");
+    assert!(codes(&v).contains(&("--kata-prefix", ViolationCode::InvalidPath)) && v.len() >= 2, "{v:?}");
 }
 
 #[test]
@@ -721,7 +732,7 @@ fn render_one_drop_in_per_runtime_config() {
     let k = [inst(ArtifactKind::Kernel, &alloc::format!("{D}/kernel"))];
     let go = "/opt/kata/share/defaults/kata-containers/runtimes/qemu-tdx/configuration-qemu-tdx.toml";
     let rs = "/opt/kata/share/defaults/kata-containers/runtime-rs/runtimes/qemu-tdx-runtime-rs/configuration-qemu-tdx-runtime-rs.toml";
-    let out = crate::render(&p, &k, &[go.into(), rs.into()]).expect("render");
+    let out = crate::render(&p, &k, &rcs(&[go, rs])).expect("render");
     assert_eq!(out.len(), 2);
     assert_eq!(out[0].runtime_config, go);
     assert_eq!(out[0].path, "/opt/kata/share/defaults/kata-containers/runtimes/qemu-tdx/config.d/50-kata-addons.toml");
@@ -731,16 +742,19 @@ fn render_one_drop_in_per_runtime_config() {
     );
     assert_eq!(out[0].contents, out[1].contents);
     // Nothing found, not a configuration file, two in one directory, unclean path.
-    assert_eq!(codes(&crate::render(&p, &k, &[]).expect_err("none")), [("runtime-configs", Code::Missing)]);
+    assert_eq!(codes(&crate::render(&p, &k, &[]).expect_err("none")), [("runtime-configs", ViolationCode::Missing)]);
     assert_eq!(
-        codes(&crate::render(&p, &k, &["/etc/passwd".into()]).expect_err("name")),
-        [("runtime-configs", Code::InvalidPath)]
+        codes(&crate::render(&p, &k, &rcs(&["/etc/passwd"])).expect_err("name")),
+        [("runtime-configs", ViolationCode::InvalidPath)]
     );
-    let shared = ["/d/configuration-a.toml".into(), "/d/configuration-b.toml".into()];
-    assert_eq!(codes(&crate::render(&p, &k, &shared).expect_err("shared")), [("runtime-configs", Code::Conflict)]);
+    let shared = rcs(&["/d/configuration-a.toml", "/d/configuration-b.toml"]);
     assert_eq!(
-        codes(&crate::render(&p, &k, &["/d/../configuration.toml".into()]).expect_err("unclean")),
-        [("runtime-configs", Code::InvalidPath)]
+        codes(&crate::render(&p, &k, &shared).expect_err("shared")),
+        [("runtime-configs", ViolationCode::Conflict)]
+    );
+    assert_eq!(
+        codes(&crate::render(&p, &k, &rcs(&["/d/../configuration.toml"])).expect_err("unclean")),
+        [("runtime-configs", ViolationCode::InvalidPath)]
     );
 }
 
@@ -770,8 +784,8 @@ fn violation_list_is_capped_with_a_count_of_the_rest() {
 
 #[test]
 fn known_runtime_configs_cover_every_provider_plan() {
-    for prefix in [crate::DEFAULT_KATA_PREFIX, "/usr/local/kata"] {
-        let known = crate::known_runtime_configs(prefix);
+    for prefix in [kata_addons_facts::DEFAULT_KATA_PREFIX, "/usr/local/kata"] {
+        let known = kata_addons_facts::known_runtime_configs(prefix);
         assert_eq!(known.len(), 15, "{known:?}");
         for provider in ["se", "tdx", "snp"] {
             let e = kv(&[("ADDON_IMAGE", IMG), ("ADDON_PROVIDER", provider), ("ADDON_KERNEL_PATH", "/k")]);
@@ -781,11 +795,4 @@ fn known_runtime_configs_cover_every_provider_plan() {
             }
         }
     }
-}
-
-#[test]
-fn trimmed_is_the_policy_rule() {
-    assert_eq!(crate::trimmed("  a b \n"), Some("a b"));
-    assert_eq!(crate::trimmed(" \t\n"), None);
-    assert_eq!(crate::trimmed(""), None);
 }

@@ -89,21 +89,34 @@ fn calls(c: &mut Criterion) {
         });
         g.bench_function("native plan (seed)", |b| b.iter(|| black_box(native::plan(black_box(&nenv), &node))));
         // One runtime configuration, as on an OpenShift node.
-        let rcs: Vec<String> = plan.runtime_configs.iter().take(1).cloned().collect();
+        let rcs: Vec<_> =
+            plan.runtime_configs.iter().take(1).map(|p| kata_addons::policy::path_only_facts(p)).collect();
+        let nrcs: Vec<native::RuntimeConfigFacts> = rcs
+            .iter()
+            .map(|r| native::RuntimeConfigFacts {
+                path: r.path.clone(),
+                handler: None,
+                keys: Vec::new(),
+                extensions: Vec::new(),
+                extensions_from: None,
+            })
+            .collect();
         let installed = kata_addons::layout::installed_files(&plan, "v1.0-0123456789ab");
         let ninstalled: Vec<native::InstalledFile> = nplan
             .artifacts
             .iter()
             .map(|a| native::InstalledFile {
                 kind: a.kind,
-                path: format!("{}/v1.0-0123456789ab/{}", nplan.install_dir, a.file_name),
+                path: format!("{}/v1.0-0123456789ab/{}", kata_addons_facts::INSTALL_DIR, a.file_name),
+                filesystem: None,
+                verity: None,
             })
             .collect();
         g.bench_function("wasm render (seed): instantiate + call", |b| {
             b.iter(|| black_box(policy.render(black_box(&plan), black_box(&installed), &rcs)))
         });
         g.bench_function("native render (seed)", |b| {
-            b.iter(|| black_box(native::render(black_box(&nplan), black_box(&ninstalled), &rcs)))
+            b.iter(|| black_box(native::render(black_box(&nplan), black_box(&ninstalled), &nrcs)))
         });
     }
     g.finish();

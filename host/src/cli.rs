@@ -142,7 +142,7 @@ pub struct NodeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct LayoutArgs {
     /// kata-deploy's installation prefix on the node.
-    #[arg(long, value_name = "DIR", default_value = crate::policy::DEFAULT_KATA_PREFIX)]
+    #[arg(long, value_name = "DIR", default_value = kata_addons_facts::DEFAULT_KATA_PREFIX)]
     pub kata_prefix: String,
     /// Install only for this runtime configuration (node path; repeatable).
     #[arg(long = "runtime-config", value_name = "PATH")]
@@ -155,7 +155,7 @@ pub struct LayoutArgs {
 impl Default for LayoutArgs {
     fn default() -> Self {
         LayoutArgs {
-            kata_prefix: crate::policy::DEFAULT_KATA_PREFIX.to_string(),
+            kata_prefix: kata_addons_facts::DEFAULT_KATA_PREFIX.to_string(),
             runtime_configs: Vec::new(),
             allow_shared_config_d: false,
         }

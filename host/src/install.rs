@@ -13,12 +13,14 @@ use anyhow::{Context, Result, bail};
 use cap_std::fs::Dir;
 use sha2::{Digest, Sha256};
 
+use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
+
 use crate::cli::{LayoutArgs, NodeArgs};
 use crate::fetch::{self, Wanted};
 use crate::layout;
 use crate::lock;
 use crate::node::{self, Root};
-use crate::policy::{DropIn, ImageSource, Plan, Policy};
+use crate::policy::{DropIn, ImageSource, Plan, Policy, path_only_facts};
 use crate::preview::{kind_name, provider_name};
 use crate::runtime;
 use crate::source::{ImageRef, RegistryOptions};
@@ -146,14 +148,12 @@ struct Target {
     addons: Dir,
     /// Every runtime configuration that gets the drop-in, in discovery order.
     configs: Vec<ConfigTarget>,
-    /// Drop-in file name inside each `config.d`.
-    drop_in_name: String,
 }
 
 impl Target {
-    /// Resolved runtime configuration node paths, as `render` takes them.
-    fn runtime_configs(&self) -> Vec<String> {
-        self.configs.iter().map(|c| c.runtime_config.clone()).collect()
+    /// The facts of each resolved runtime configuration, as `render` takes them.
+    fn runtime_configs(&self) -> Vec<crate::policy::RuntimeConfigFacts> {
+        self.configs.iter().map(|c| path_only_facts(&c.runtime_config)).collect()
     }
 }
 
@@ -167,9 +167,6 @@ fn target(root: &Root, plan: &Plan, layout: &LayoutArgs) -> Result<Target> {
     let provider = provider_name(plan.provider);
     let found = runtime::discover(root, &plan.runtime_configs, &selection(layout))
         .with_context(|| format!("finding the Kata runtime configurations of provider `{provider}`"))?;
-    if !crate::policy::is_plain_file_name(&plan.drop_in_name) {
-        bail!("drop-in name {} is not a plain file name", plan.drop_in_name);
-    }
     let mut configs = Vec::new();
     for rc in found {
         let dir_rel = rc.dir_rel();
@@ -180,14 +177,14 @@ fn target(root: &Root, plan: &Plan, layout: &LayoutArgs) -> Result<Target> {
         let config_d_rel = rc.config_d_rel();
         let config_d = root.create_dir_all(&config_d_rel)?;
         configs.push(ConfigTarget {
-            drop_in_node_path: node::node_path(&config_d_rel.join(&plan.drop_in_name)),
+            drop_in_node_path: node::node_path(&config_d_rel.join(DROP_IN_NAME)),
             runtime_config: rc.resolved,
             config_dir,
             config_d,
         });
     }
-    let addons = root.create_dir_all(&node::rel_path(&plan.install_dir))?;
-    Ok(Target { addons, configs, drop_in_name: plan.drop_in_name.clone() })
+    let addons = root.create_dir_all(&node::rel_path(INSTALL_DIR))?;
+    Ok(Target { addons, configs })
 }
 
 /// The image reference of a plan, in the fetch layer's terms.
@@ -239,7 +236,7 @@ fn commit_drop_ins(t: &Target, tmp_name: &str, drop_ins: &[(usize, &DropIn)]) ->
     for (i, d) in drop_ins {
         let c = &t.configs[*i];
         c.config_dir
-            .rename(tmp_name, &c.config_d, &t.drop_in_name)
+            .rename(tmp_name, &c.config_d, DROP_IN_NAME)
             .with_context(|| format!("committing the drop-in {}", c.drop_in_node_path))?;
         node::fsync_dir(&c.config_d)?;
         node::fsync_dir(&c.config_dir)?;
@@ -318,7 +315,7 @@ async fn install_inner(
     };
     let _lock = lock_node(&root, Duration::from_secs(node_args.lock_timeout)).await?;
     // A damaged state is refused before anything is touched; then leftovers of killed runs go.
-    let existing = open_dir_if_exists(&root, &plan.install_dir)?;
+    let existing = open_dir_if_exists(&root, INSTALL_DIR)?;
     let old = match &existing {
         Some(a) => state::read(a)?,
         None => None,
@@ -364,14 +361,14 @@ async fn install_inner(
         }
     }
 
-    node::ensure_writable(&t.addons, &plan.install_dir)?;
+    node::ensure_writable(&t.addons, INSTALL_DIR)?;
     for c in &t.configs {
         node::ensure_writable(&c.config_d, &c.drop_in_node_path)?;
     }
 
     // 1. Stage the files in a fresh directory inside the install directory. From here on,
     // `work` removes whatever is not committed when this function returns early.
-    let mut work = Uncommitted::new(&t.addons, &t.drop_in_name);
+    let mut work = Uncommitted::new(&t.addons, DROP_IN_NAME);
     let staging = format!("{STAGING_PREFIX}{}", std::process::id());
     remove_entry(&t.addons, &staging)?;
     t.addons.create_dir(&staging).with_context(|| format!("creating staging directory {staging}"))?;
@@ -385,7 +382,7 @@ async fn install_inner(
     t.addons.rename(&staging, &t.addons, &dir_name).with_context(|| format!("renaming {staging} to {dir_name}"))?;
     work.dir = Some(dir_name.clone());
     node::fsync_dir(&t.addons)?;
-    tracing::info!(step = "stage", dir = %format!("{}/{dir_name}", plan.install_dir), "files staged");
+    tracing::info!(step = "stage", dir = %format!("{INSTALL_DIR}/{dir_name}"), "files staged");
 
     // 2. Render the drop-ins from the installed node paths and stage them outside config.d.
     let drop_ins = render_for(policy, plan, &dir_name, &t)?;
@@ -466,7 +463,7 @@ fn repair_drop_ins(
     let mut drifted: Vec<(usize, &DropIn)> = Vec::new();
     let mut what = Vec::new();
     for (i, (d, rec)) in drop_ins.iter().zip(&new_records).enumerate() {
-        let on_disk = node::hash_file(&t.configs[i].config_d, Path::new(&t.drop_in_name));
+        let on_disk = node::hash_file(&t.configs[i].config_d, Path::new(DROP_IN_NAME));
         let why = match on_disk {
             Ok(Some((sha, _))) if sha == rec.sha256 => continue,
             Ok(Some((sha, _))) => format!("drop-in {} was edited (sha256 {sha}, expected {})", d.path, rec.sha256),
@@ -491,11 +488,11 @@ fn repair_drop_ins(
             ));
         }
     }
-    node::ensure_writable(&t.addons, &plan.install_dir)?;
+    node::ensure_writable(&t.addons, INSTALL_DIR)?;
     for (i, _) in &drifted {
         node::ensure_writable(&t.configs[*i].config_d, &t.configs[*i].drop_in_node_path)?;
     }
-    let mut work = Uncommitted::new(&t.addons, &t.drop_in_name);
+    let mut work = Uncommitted::new(&t.addons, DROP_IN_NAME);
     stage_drop_ins(t, &drifted, &mut work)?;
     let mut st = old.clone();
     st.drop_ins = new_records;
@@ -527,7 +524,7 @@ async fn stage(
         .map(|a| Wanted { path: a.source.clone(), dest_name: a.file_name.clone(), verity: None })
         .collect();
     let started = Instant::now();
-    let report = fetch::fetch_files_into(registry, conns, image, &wanted, &dir, &plan.install_dir)
+    let report = fetch::fetch_files_into(registry, conns, image, &wanted, &dir, INSTALL_DIR)
         .await
         .with_context(|| format!("pulling {}", plan.image))?;
     let bytes: u64 = report.files.iter().map(|f| f.size).sum();
@@ -710,7 +707,7 @@ fn open_dir_if_exists(root: &Root, node_dir: &str) -> Result<Option<Dir>> {
 /// resolved (a symlink loop) is skipped with a warning.
 fn known_config_dirs(root: &Root, kata_prefix: &str, given: &[String], plan: &[String]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
-    let candidates = kata_addons_guest::known_runtime_configs(kata_prefix);
+    let candidates = kata_addons_facts::known_runtime_configs(kata_prefix);
     for c in candidates.iter().chain(given).chain(plan) {
         if !crate::policy::is_clean_abs_path(c) {
             continue;
@@ -737,7 +734,7 @@ fn known_config_dirs(root: &Root, kata_prefix: &str, given: &[String], plan: &[S
 fn our_drop_ins(root: &Root, dirs: &[PathBuf]) -> Vec<String> {
     let mut out = Vec::new();
     for d in dirs {
-        let p = node::node_path(&d.join(runtime::CONFIG_D).join(state::validate::DROP_IN_NAME));
+        let p = node::node_path(&d.join(runtime::CONFIG_D).join(DROP_IN_NAME));
         let ours = match root.dir().symlink_metadata(node::rel_path(&p)) {
             Ok(m) if m.is_file() => state::validate::carries_header(root, &p),
             Ok(_) => Ok(false),
@@ -776,7 +773,7 @@ fn sweep_leftovers(root: &Root, addons: Option<&Dir>, dirs: &[PathBuf]) -> Resul
                 Some(pid) if owner_gone(pid) => {
                     remove_entry(addons, &name)?;
                     tracing::info!(step = "sweep", leftover = %name, pid, "removed what a killed run left in the install directory");
-                    removed.push(format!("{}/{name}", state::validate::INSTALL_DIR));
+                    removed.push(format!("{}/{name}", INSTALL_DIR));
                 }
                 Some(pid) => {
                     tracing::warn!(leftover = %name, pid, "left alone: process {pid} is running")
@@ -788,7 +785,7 @@ fn sweep_leftovers(root: &Root, addons: Option<&Dir>, dirs: &[PathBuf]) -> Resul
             node::fsync_dir(addons)?;
         }
     }
-    let legacy = format!(".{}{TMP_DROP_IN_SUFFIX}", state::validate::DROP_IN_NAME);
+    let legacy = format!(".{}{TMP_DROP_IN_SUFFIX}", DROP_IN_NAME);
     let prefix = format!("{legacy}-");
     for d in dirs {
         // Not our directory: what cannot be read here is warned about, never fatal.
@@ -857,12 +854,9 @@ impl Uninstalled {
     }
 }
 
-/// The install directory used when no plan is at hand (uninstall, status).
-pub const DEFAULT_INSTALL_DIR: &str = "/etc/kata-containers/addons";
-
 /// Opens the install directory if it exists (never creates it).
 fn open_addons(root: &Root) -> Result<Option<Dir>> {
-    open_dir_if_exists(root, DEFAULT_INSTALL_DIR)
+    open_dir_if_exists(root, INSTALL_DIR)
 }
 
 /// `--kata-prefix` and `--runtime-config` of a command that has no plan (uninstall): the
@@ -914,7 +908,7 @@ pub fn uninstall(node_args: &NodeArgs, layout_args: &LayoutArgs) -> Result<Unins
     }
     // Drop-ins no state records: a lost state, or one older than the drop-in.
     for d in &known {
-        let p = node::node_path(&d.join(runtime::CONFIG_D).join(state::validate::DROP_IN_NAME));
+        let p = node::node_path(&d.join(runtime::CONFIG_D).join(DROP_IN_NAME));
         if out.drop_ins.contains(&p) {
             continue;
         }
@@ -952,13 +946,13 @@ pub fn uninstall(node_args: &NodeArgs, layout_args: &LayoutArgs) -> Result<Unins
     node::fsync_dir(&addons)?;
     for entry in addons.entries().context("listing the install directory")? {
         let entry = entry.context("listing the install directory")?;
-        let p = format!("{DEFAULT_INSTALL_DIR}/{}", entry.file_name().to_string_lossy());
+        let p = format!("{INSTALL_DIR}/{}", entry.file_name().to_string_lossy());
         tracing::warn!(path = %p, "left alone: not something kata-addons writes");
         out.left_alone.push(p);
     }
     drop(addons);
     // The install directory is ours; remove it when it is empty (else it holds what was reported).
-    let _ = root.dir().remove_dir(node::rel_path(DEFAULT_INSTALL_DIR));
+    let _ = root.dir().remove_dir(node::rel_path(INSTALL_DIR));
     out.state = st.map(Box::new);
     Ok(out)
 }

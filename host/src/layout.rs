@@ -19,7 +19,12 @@ pub fn version_dir_name(version: &str, manifest_digest: Option<&str>) -> String 
 pub fn installed_files(plan: &Plan, dir: &str) -> Vec<InstalledFile> {
     plan.artifacts
         .iter()
-        .map(|a| InstalledFile { kind: a.kind, path: format!("{}/{}/{}", plan.install_dir, dir, a.file_name) })
+        .map(|a| InstalledFile {
+            kind: a.kind,
+            path: format!("{}/{dir}/{}", kata_addons_facts::INSTALL_DIR, a.file_name),
+            filesystem: None,
+            verity: None,
+        })
         .collect()
 }
 

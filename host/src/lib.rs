@@ -124,7 +124,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     println!("  removed drop-in {d}");
                 }
                 for d in &done.dirs {
-                    println!("  removed version directory {}/{d}", install::DEFAULT_INSTALL_DIR);
+                    println!("  removed version directory {}/{d}", kata_addons_facts::INSTALL_DIR);
                 }
                 for l in &done.leftovers {
                     println!("  removed leftover {l}");

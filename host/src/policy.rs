@@ -26,12 +26,12 @@ mod bindings {
 }
 
 pub use bindings::{
-    Artifact, ArtifactKind, DropIn, ImageSource, InstalledFile, KeyValue, LayoutRef, NodeOptions, Plan, Provider,
-    RegistryRef, Violation, ViolationCode,
+    Artifact, ArtifactKind, DropIn, EffectiveKey, ExtensionImage, Filesystem, ImageSource, InstalledFile, KeyValue,
+    LayoutRef, NodeOptions, Plan, Provider, RegistryRef, RuntimeConfigFacts, VerityParams, VeritySource, Violation,
+    ViolationCode,
 };
 
-/// kata-deploy's default installation prefix (`--kata-prefix`).
-pub const DEFAULT_KATA_PREFIX: &str = "/opt/kata";
+use kata_addons_facts::{DEFAULT_KATA_PREFIX, DROP_IN_NAME, parent_dir};
 /// Most runtime configurations a plan may name.
 const MAX_RUNTIME_CONFIGS: usize = 32;
 
@@ -88,6 +88,10 @@ pub enum PolicyError {
     /// The policy rejected the input (exit code 2).
     #[error("invalid configuration:\n{}", format_violations(.0))]
     Rejected(Vec<Violation>),
+    /// `render` refused because of the node's own configuration: every violation has code
+    /// `node-refuses` and names a node file (exit code 1: the ConfigMap is not at fault).
+    #[error("the node's configuration refuses this addon:\n{}", format_violations(.0))]
+    NodeRefuses(Vec<Violation>),
     /// The call ran past the deadline.
     #[error(
         "policy `{func}` did not finish within {limit:?} (raise --policy-timeout if the policy is legitimately slow)"
@@ -142,6 +146,9 @@ pub fn code_name(c: ViolationCode) -> &'static str {
         ViolationCode::NotAllowed => "not-allowed",
         ViolationCode::Conflict => "conflict",
         ViolationCode::Inconsistent => "inconsistent",
+        ViolationCode::InvalidVerity => "invalid-verity",
+        ViolationCode::InvalidName => "invalid-name",
+        ViolationCode::NodeRefuses => "node-refuses",
     }
 }
 
@@ -367,18 +374,24 @@ impl Policy {
         Ok(plan)
     }
 
-    /// Plan + installed node paths + resolved runtime configurations found on the node
-    /// -> one drop-in per runtime configuration, each checked to sit directly in the
-    /// `config.d` beside its configuration.
+    /// Plan + installed node paths + the facts of each resolved runtime configuration
+    /// found on the node -> one drop-in per runtime configuration, each checked to sit
+    /// directly in the `config.d` beside its configuration. A refusal whose violations
+    /// are all `node-refuses` is [`PolicyError::NodeRefuses`].
     pub fn render(
         &self,
         plan: &Plan,
         installed: &[InstalledFile],
-        runtime_configs: &[String],
+        runtime_configs: &[RuntimeConfigFacts],
     ) -> Result<Vec<DropIn>, PolicyError> {
         let out = self.call("render", |p, s| p.call_render(s, plan, installed, runtime_configs))?;
-        let drop_ins = out.map_err(|v| self.rejected("render", v))?;
-        check_drop_ins(plan, runtime_configs, &drop_ins)?;
+        let drop_ins = out.map_err(|v| match self.rejected("render", v) {
+            PolicyError::Rejected(v) if v.iter().all(|v| v.code == ViolationCode::NodeRefuses) => {
+                PolicyError::NodeRefuses(v)
+            }
+            other => other,
+        })?;
+        check_drop_ins(runtime_configs, &drop_ins)?;
         Ok(drop_ins)
     }
 
@@ -644,22 +657,13 @@ pub fn is_plain_file_name(n: &str) -> bool {
 /// The host re-validates every plan field it will act on.
 fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
     let f = "plan";
-    for (what, s) in [
-        ("image", &plan.image),
-        ("version", &plan.version),
-        ("hypervisor-table", &plan.hypervisor_table),
-        ("install-dir", &plan.install_dir),
-        ("drop-in-name", &plan.drop_in_name),
-    ] {
+    for (what, s) in [("image", &plan.image), ("version", &plan.version)] {
         if s.len() > MAX_STRING {
             return Err(bad(f, format!("{what} is longer than {MAX_STRING} bytes")));
         }
     }
     if !is_plain_file_name(&plan.version) {
         return Err(bad(f, format!("version {:?} is not usable as a directory name", prefix(&plan.version))));
-    }
-    if !is_clean_abs_path(&plan.install_dir) {
-        return Err(bad(f, format!("install-dir {:?} is not a clean absolute path", prefix(&plan.install_dir))));
     }
     if plan.runtime_configs.is_empty() || plan.runtime_configs.len() > MAX_RUNTIME_CONFIGS {
         return Err(bad(
@@ -677,18 +681,14 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
             return Err(bad(f, format!("runtime config {:?} is not a Kata configuration*.toml", prefix(rc))));
         }
     }
-    if !is_plain_file_name(&plan.drop_in_name) || plan.drop_in_name.starts_with('.') {
-        return Err(bad(f, format!("drop-in name {:?} is not a plain file name", prefix(&plan.drop_in_name))));
-    }
-    if plan
-        .hypervisor_table
-        .split('.')
-        .any(|c| c.is_empty() || !c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
-    {
+    if plan.runtime_classes.len() > MAX_RUNTIME_CONFIGS {
         return Err(bad(
             f,
-            format!("hypervisor table {:?} is not a dotted TOML table name", prefix(&plan.hypervisor_table)),
+            format!("plan names {} runtime classes, more than {MAX_RUNTIME_CONFIGS}", plan.runtime_classes.len()),
         ));
+    }
+    if let Some(h) = plan.runtime_classes.iter().find(|h| h.len() > MAX_STRING || h.chars().any(char::is_control)) {
+        return Err(bad(f, format!("runtime class {:?} is not a plain name", prefix(h))));
     }
     if plan.artifacts.is_empty() || plan.artifacts.len() > MAX_ARTIFACTS {
         return Err(bad(f, format!("plan has {} artifacts; expected 1 to {MAX_ARTIFACTS}", plan.artifacts.len())));
@@ -709,14 +709,36 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
         {
             return Err(bad(f, format!("artifact sha256 {:?} is not 64 lowercase hex", prefix(s))));
         }
+        if let Some(VeritySource::File(p)) = &a.verity
+            && !is_clean_abs_path(p)
+        {
+            return Err(bad(f, format!("artifact verity file {:?} is not a clean absolute path", prefix(p))));
+        }
+        if let Some(n) = &a.name
+            && !is_plain_file_name(n)
+        {
+            return Err(bad(f, format!("artifact name {:?} is not a plain name", prefix(n))));
+        }
     }
     Ok(())
 }
 
+/// The facts of a runtime configuration known only by its node path (what the runner
+/// has not read yet, or does not need to): no handler, keys or extensions.
+pub fn path_only_facts(path: &str) -> RuntimeConfigFacts {
+    RuntimeConfigFacts {
+        path: path.to_string(),
+        handler: None,
+        keys: Vec::new(),
+        extensions: Vec::new(),
+        extensions_from: None,
+    }
+}
+
 /// The host's own check of `render`'s answer: exactly one drop-in per runtime config, in
-/// order, each directly inside the `config.d` beside it and named as the plan says, with
+/// order, each directly inside the `config.d` beside it and named [`DROP_IN_NAME`], with
 /// bounded, valid TOML text.
-fn check_drop_ins(plan: &Plan, runtime_configs: &[String], drop_ins: &[DropIn]) -> Result<(), PolicyError> {
+fn check_drop_ins(runtime_configs: &[RuntimeConfigFacts], drop_ins: &[DropIn]) -> Result<(), PolicyError> {
     let f = "render";
     if drop_ins.len() != runtime_configs.len() {
         return Err(bad(
@@ -725,10 +747,10 @@ fn check_drop_ins(plan: &Plan, runtime_configs: &[String], drop_ins: &[DropIn]) 
         ));
     }
     for (d, rc) in drop_ins.iter().zip(runtime_configs) {
-        if &d.runtime_config != rc {
-            return Err(bad(f, format!("drop-in for {:?} answers {:?}", prefix(rc), prefix(&d.runtime_config))));
+        if d.runtime_config != rc.path {
+            return Err(bad(f, format!("drop-in for {:?} answers {:?}", prefix(&rc.path), prefix(&d.runtime_config))));
         }
-        let want = format!("{}/config.d/{}", parent(rc), plan.drop_in_name);
+        let want = format!("{}/config.d/{DROP_IN_NAME}", parent_dir(&rc.path));
         if d.path != want {
             return Err(bad(f, format!("drop-in path {:?} is not {want}", prefix(&d.path))));
         }
@@ -738,14 +760,6 @@ fn check_drop_ins(plan: &Plan, runtime_configs: &[String], drop_ins: &[DropIn]) 
         toml::from_str::<toml::Table>(&d.contents).map_err(|e| bad(f, format!("drop-in is not valid TOML: {e}")))?;
     }
     Ok(())
-}
-
-/// The directory part of a clean absolute path (`/` for a top-level entry).
-fn parent(p: &str) -> &str {
-    match p.rfind('/') {
-        Some(0) | None => "",
-        Some(i) => &p[..i],
-    }
 }
 
 #[cfg(test)]

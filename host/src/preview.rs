@@ -12,6 +12,7 @@ use crate::layout;
 use crate::node::Root;
 use crate::policy::{
     ArtifactKind, DropIn, ImageSource, InstalledFile, KeyValue, NodeOptions, Plan, Policy, PolicyError, Provider,
+    path_only_facts,
 };
 
 /// What `install` would do, computed without network or writes.
@@ -46,7 +47,7 @@ pub fn plan_for(policy: &Policy, input: &Input, layout: &LayoutArgs) -> Result<(
             .iter()
             .map(|kv| KeyValue {
                 name: kv.name.clone(),
-                value: kata_addons_guest::trimmed(&kv.value).unwrap_or_default().to_string(),
+                value: kata_addons_facts::trimmed(&kv.value).unwrap_or_default().to_string(),
             })
             .collect(),
     };
@@ -60,7 +61,7 @@ pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
     let (env, plan) = plan(policy, input)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = layout::installed_files(&plan, &dir);
-    let first: Vec<String> = plan.runtime_configs.iter().take(1).cloned().collect();
+    let first: Vec<_> = plan.runtime_configs.iter().take(1).map(|p| path_only_facts(p)).collect();
     let drop_ins = policy.render(&plan, &installed, &first)?;
     Ok(Preview { env, plan, installed, drop_ins, note: None })
 }
@@ -80,6 +81,7 @@ pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, layout
             Some(format!("{e:#}; showing the drop-in for {}", plan.runtime_configs.first().map_or("", String::as_str))),
         ),
     };
+    let configs: Vec<_> = configs.iter().map(|p| path_only_facts(p)).collect();
     let drop_ins = policy.render(&plan, &installed, &configs)?;
     Ok(Preview { env, plan, installed, drop_ins, note })
 }
@@ -90,6 +92,7 @@ pub fn kind_name(k: ArtifactKind) -> &'static str {
         ArtifactKind::Kernel => "kernel",
         ArtifactKind::Initrd => "initrd",
         ArtifactKind::Image => "image",
+        ArtifactKind::Extension => "extension",
     }
 }
 
@@ -115,10 +118,8 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "source": source,
         "provider": provider_name(plan.provider),
         "version": plan.version,
+        "runtimeClasses": plan.runtime_classes,
         "runtimeConfigs": plan.runtime_configs,
-        "hypervisorTable": plan.hypervisor_table,
-        "installDir": plan.install_dir,
-        "dropInName": plan.drop_in_name,
         "artifacts": artifacts_json(plan),
     })
 }

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use crate::node::{self, Root};
 
 /// Name of the drop-in directory beside a runtime configuration.
-pub const CONFIG_D: &str = "config.d";
+pub use kata_addons_facts::CONFIG_D;
 
 /// One runtime configuration found on the node.
 #[derive(Debug, Clone, PartialEq, Eq)]

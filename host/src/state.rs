@@ -10,7 +10,7 @@ use crate::node;
 pub mod validate;
 
 /// File name of the state record inside the install directory.
-pub const STATE_FILE: &str = "state.json";
+pub use kata_addons_facts::STATE_FILE;
 
 /// Current schema version of [`State`].
 pub const SCHEMA: u32 = 2;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kata_addons::policy::{KeyValue, LoadedFrom, Policy, PolicyError, PolicyOptions};
+use kata_addons::policy::{KeyValue, LoadedFrom, Policy, PolicyError, PolicyOptions, path_only_facts};
 use kata_addons_tests::guests::guest;
 use kata_addons_tests::kata_addons_bin;
 
@@ -154,10 +154,6 @@ fn bad_env_output_is_refused_by_the_host() {
 fn bad_plan_output_is_refused_by_the_host() {
     let p = load("badout");
     for (mode, fragment) in [
-        ("dotdot-drop-in", "drop-in name \"..\" is not a plain file name"),
-        ("outside-drop-in", "drop-in name \"../../../../etc/cron.d/x\" is not a plain file name"),
-        ("nested-drop-in", "drop-in name \"sub/50.toml\" is not a plain file name"),
-        ("hidden-drop-in", "drop-in name \".50-kata-addons.toml\" is not a plain file name"),
         ("foreign-runtime-config", "runtime config \"/etc/shadow\" is not a Kata configuration*.toml"),
         ("relative-runtime-config", "is not a clean absolute path"),
         ("no-runtime-config", "plan names 0 runtime configs"),
@@ -165,7 +161,10 @@ fn bad_plan_output_is_refused_by_the_host() {
         ("dotdot-file-name", "artifact file name \"..\" is not a plain file name"),
         ("relative-source", "artifact source \"vmlinuz\" is not a clean absolute path"),
         ("bad-version", "is not usable as a directory name"),
-        ("bad-table", "is not a dotted TOML table name"),
+        ("relative-verity-file", "artifact verity file \"root_hash.txt\" is not a clean absolute path"),
+        ("slash-name", "artifact name \"../x\" is not a plain name"),
+        ("many-runtime-classes", "plan names 100 runtime classes, more than 32"),
+        ("newline-runtime-class", "runtime class \"kata\\n[x]\" is not a plain name"),
         ("many-artifacts", "plan has 100 artifacts"),
     ] {
         let err = p.plan(&[kv("ADDON_MODE", mode)]).expect_err(mode);
@@ -178,7 +177,10 @@ fn bad_plan_output_is_refused_by_the_host() {
 fn bad_render_output_is_refused_by_the_host() {
     let p = load("badout");
     let mut plan = p.plan(&[kv("ADDON_MODE", "ok")]).unwrap();
-    let rcs = ["/etc/kata-containers/kata-tdx/configuration.toml".to_string(), "/opt/x/configuration-y.toml".into()];
+    let rcs = [
+        path_only_facts("/etc/kata-containers/kata-tdx/configuration.toml"),
+        path_only_facts("/opt/x/configuration-y.toml"),
+    ];
     plan.version = "huge".into();
     assert_bad_output(p.render(&plan, &[], &rcs).unwrap_err(), "render", "more than 65536");
     plan.version = "badtoml".into();
@@ -194,6 +196,24 @@ fn bad_render_output_is_refused_by_the_host() {
     plan.version = "v1".into();
     let d = p.render(&plan, &[], &rcs).unwrap();
     assert_eq!(d[1].path, "/opt/x/config.d/50-kata-addons.toml");
+}
+
+#[test]
+fn render_refusals_of_the_node_are_told_apart_from_invalid_configuration() {
+    let p = load("badout");
+    let mut plan = p.plan(&[kv("ADDON_MODE", "ok")]).unwrap();
+    let rcs = [path_only_facts("/etc/kata-containers/kata-tdx/configuration.toml")];
+    plan.version = "node-refuses".into();
+    match p.render(&plan, &[], &rcs).unwrap_err() {
+        PolicyError::NodeRefuses(v) => {
+            assert_eq!(v.len(), 1);
+            assert_eq!(v[0].key, "/etc/kata-containers/kata-tdx/configuration.toml");
+        }
+        other => panic!("expected NodeRefuses, got {other:?}"),
+    }
+    // One invalid-configuration violation among them: the ConfigMap is at fault (exit 2).
+    plan.version = "node-refuses-and-invalid".into();
+    assert!(matches!(p.render(&plan, &[], &rcs).unwrap_err(), PolicyError::Rejected(v) if v.len() == 2));
 }
 
 #[test]

@@ -69,7 +69,7 @@ pub(crate) fn of_layout(node_path: &str) -> Option<Tee> {
 /// Checks that `rc` is a Kata configuration Kata loads and that it boots `tee`; the error
 /// says what the file and its fragments say instead.
 pub(crate) fn check(root: &Root, rc: &RuntimeConfig, tee: Tee) -> Result<(), String> {
-    let ours = crate::state::validate::DROP_IN_NAME;
+    let ours = kata_addons_facts::DROP_IN_NAME;
     let fragments: Vec<runtime::Fragment> = runtime::fragments(root, &rc.rel)
         .map_err(|e| format!("{e:#}"))?
         .into_iter()

@@ -15,13 +15,9 @@ use std::io::{ErrorKind, Read};
 use anyhow::{Result, anyhow, bail};
 use cap_std::fs::Dir;
 
+use kata_addons_facts::{DROP_IN_NAME, HEADER, INSTALL_DIR};
+
 use crate::node::{self, Root};
-
-/// File name of the drop-in kata-addons writes in a runtime's `config.d`.
-pub const DROP_IN_NAME: &str = "50-kata-addons.toml";
-
-/// The install directory, as the node sees it.
-pub const INSTALL_DIR: &str = "/etc/kata-containers/addons";
 
 /// Largest state file accepted.
 pub const MAX_STATE_BYTES: u64 = 1 << 20;
@@ -130,7 +126,7 @@ pub fn check_file_path(field: &str, p: &str, version_dir: &str) -> Result<()> {
 
 /// Whether `text` starts with the header every kata-addons drop-in carries.
 pub fn is_ours(text: &[u8]) -> bool {
-    text.starts_with(kata_addons_guest::HEADER.as_bytes())
+    text.starts_with(HEADER.as_bytes())
 }
 
 /// What [`remove_drop_in`] did.
@@ -183,7 +179,7 @@ pub fn carries_header(root: &Root, p: &str) -> Result<bool> {
     let rel = node::rel_path(p);
     let mut head = Vec::new();
     let f = root.dir().open(&rel).map_err(|e| anyhow!(e).context(format!("opening drop-in {p}")))?;
-    f.take(kata_addons_guest::HEADER.len() as u64)
+    f.take(HEADER.len() as u64)
         .read_to_end(&mut head)
         .map_err(|e| anyhow!(e).context(format!("reading drop-in {p}")))?;
     Ok(is_ours(&head))

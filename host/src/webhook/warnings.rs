@@ -54,7 +54,7 @@ pub fn preview_warnings(p: &Preview) -> Vec<String> {
             "kata-addons: provider {}: {} boots it (drop-in in [{}])",
             preview::provider_name(plan.provider),
             runtime_name(plan.provider),
-            plan.hypervisor_table
+            kata_addons_facts::HYPERVISOR_TABLE
         ),
         format!("kata-addons: version {}", plan.version),
     ];

@@ -45,27 +45,27 @@ fn good_plan(kernel: &str) -> Plan {
         }),
         provider: Provider::Tdx,
         version: "v1".to_string(),
+        runtime_classes: Vec::new(),
         runtime_configs: vec!["/etc/kata-containers/kata-tdx/configuration.toml".to_string()],
-        hypervisor_table: "hypervisor.qemu".to_string(),
-        install_dir: "/etc/kata-containers/addons".to_string(),
-        drop_in_name: "50-kata-addons.toml".to_string(),
         artifacts: vec![Artifact {
             kind: ArtifactKind::Kernel,
             source: kernel.to_string(),
             file_name: "vmlinuz".to_string(),
             sha256: None,
+            verity: None,
+            name: None,
         }],
     }
 }
 
-/// One drop-in with `contents` per runtime config, in `config.d` beside it, named as the plan says.
+/// One drop-in with `contents` per runtime config, in `config.d` beside it.
 #[allow(dead_code)]
-fn drop_ins(plan: &Plan, runtime_configs: &[String], contents: &str) -> Vec<DropIn> {
+fn drop_ins(runtime_configs: &[RuntimeConfigFacts], contents: &str) -> Vec<DropIn> {
     runtime_configs
         .iter()
         .map(|rc| DropIn {
-            runtime_config: rc.clone(),
-            path: alloc::format!("{}/config.d/{}", rc.rsplit_once('/').map_or("", |(d, _)| d), plan.drop_in_name),
+            runtime_config: rc.path.clone(),
+            path: alloc::format!("{}/config.d/50-kata-addons.toml", rc.path.rsplit_once('/').map_or("", |(d, _)| d)),
             contents: contents.to_string(),
         })
         .collect()

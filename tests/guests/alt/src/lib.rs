@@ -78,9 +78,9 @@ impl Guest for Component {
     }
 
     fn render(
-        plan: Plan,
+        _plan: Plan,
         installed: Vec<InstalledFile>,
-        runtime_configs: Vec<String>,
+        runtime_configs: Vec<RuntimeConfigFacts>,
     ) -> Result<Vec<DropIn>, Vec<Violation>> {
         let Some(kernel) = installed.iter().find(|f| f.kind == ArtifactKind::Kernel) else {
             return Err(vec![bad("installed", ViolationCode::Inconsistent, "no kernel installed")]);
@@ -88,7 +88,7 @@ impl Guest for Component {
         let Some(path) = toml_string(&kernel.path) else {
             return Err(vec![bad("installed", ViolationCode::InvalidPath, "path not representable")]);
         };
-        let text = alloc::format!("# written by the alt test policy\n[{}]\nkernel = {path}\n", plan.hypervisor_table);
-        Ok(drop_ins(&plan, &runtime_configs, &text))
+        let text = alloc::format!("# written by the alt test policy\n[hypervisor.qemu]\nkernel = {path}\n");
+        Ok(drop_ins(&runtime_configs, &text))
     }
 }

@@ -25,10 +25,6 @@ impl Guest for Component {
     fn plan(env: Vec<KeyValue>, _node: NodeOptions) -> Result<Plan, Vec<Violation>> {
         let mut p = good_plan("/vmlinuz");
         match mode(&env) {
-            "dotdot-drop-in" => p.drop_in_name = "..".into(),
-            "outside-drop-in" => p.drop_in_name = "../../../../etc/cron.d/x".into(),
-            "nested-drop-in" => p.drop_in_name = "sub/50.toml".into(),
-            "hidden-drop-in" => p.drop_in_name = ".50-kata-addons.toml".into(),
             "foreign-runtime-config" => p.runtime_configs = vec!["/etc/shadow".into()],
             "relative-runtime-config" => p.runtime_configs = vec!["etc/configuration.toml".into()],
             "no-runtime-config" => p.runtime_configs = Vec::new(),
@@ -36,7 +32,10 @@ impl Guest for Component {
             "dotdot-file-name" => p.artifacts[0].file_name = "..".into(),
             "relative-source" => p.artifacts[0].source = "vmlinuz".into(),
             "bad-version" => p.version = "../v1".into(),
-            "bad-table" => p.hypervisor_table = "hypervisor.qemu]\nkernel = \"x\"\n[x".into(),
+            "relative-verity-file" => p.artifacts[0].verity = Some(VeritySource::File("root_hash.txt".into())),
+            "slash-name" => p.artifacts[0].name = Some("../x".into()),
+            "many-runtime-classes" => p.runtime_classes = (0..100).map(|i| alloc::format!("kata-{i}")).collect(),
+            "newline-runtime-class" => p.runtime_classes = vec!["kata\n[x]".into()],
             "many-artifacts" => {
                 let a = p.artifacts[0].clone();
                 p.artifacts = (0..100).map(|i| Artifact { file_name: alloc::format!("f{i}"), ..a.clone() }).collect();
@@ -50,19 +49,32 @@ impl Guest for Component {
     fn render(
         plan: Plan,
         _installed: Vec<InstalledFile>,
-        runtime_configs: Vec<String>,
+        runtime_configs: Vec<RuntimeConfigFacts>,
     ) -> Result<Vec<DropIn>, Vec<Violation>> {
         let good = "[hypervisor.qemu]\nkernel = \"/k\"\n";
         match plan.version.as_str() {
-            "huge" => Ok(drop_ins(&plan, &runtime_configs, &alloc::format!("# {}\n", "x".repeat(100 * 1024)))),
-            "badtoml" => Ok(drop_ins(&plan, &runtime_configs, "[hypervisor.qemu\nkernel = ")),
+            "huge" => Ok(drop_ins(&runtime_configs, &alloc::format!("# {}\n", "x".repeat(100 * 1024)))),
+            "badtoml" => Ok(drop_ins(&runtime_configs, "[hypervisor.qemu\nkernel = ")),
             "elsewhere" => {
-                let mut d = drop_ins(&plan, &runtime_configs, good);
+                let mut d = drop_ins(&runtime_configs, good);
                 d.iter_mut().for_each(|d| d.path = "/etc/cron.d/50-kata-addons.toml".into());
                 Ok(d)
             }
             "fewer" => Ok(Vec::new()),
-            _ => Ok(drop_ins(&plan, &runtime_configs, good)),
+            "node-refuses" => Err(vec![Violation {
+                key: "/etc/kata-containers/kata-tdx/configuration.toml".to_string(),
+                code: ViolationCode::NodeRefuses,
+                message: "this node measures its guest image".to_string(),
+            }]),
+            "node-refuses-and-invalid" => Err(vec![
+                Violation {
+                    key: "/etc/kata-containers/kata-tdx/configuration.toml".to_string(),
+                    code: ViolationCode::NodeRefuses,
+                    message: "this node measures its guest image".to_string(),
+                },
+                violation("imageVerityParams", "invalid"),
+            ]),
+            _ => Ok(drop_ins(&runtime_configs, good)),
         }
     }
 }

@@ -24,10 +24,10 @@ impl Guest for Component {
         Ok(good_plan("/vmlinuz"))
     }
     fn render(
-        plan: Plan,
+        _plan: Plan,
         _installed: Vec<InstalledFile>,
-        runtime_configs: Vec<String>,
+        runtime_configs: Vec<RuntimeConfigFacts>,
     ) -> Result<Vec<DropIn>, Vec<Violation>> {
-        Ok(drop_ins(&plan, &runtime_configs, ""))
+        Ok(drop_ins(&runtime_configs, ""))
     }
 }

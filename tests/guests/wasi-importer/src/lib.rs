@@ -20,7 +20,7 @@ impl Guest for Component {
     fn render(
         _plan: Plan,
         _installed: Vec<InstalledFile>,
-        _runtime_configs: Vec<String>,
+        _runtime_configs: Vec<RuntimeConfigFacts>,
     ) -> Result<Vec<DropIn>, Vec<Violation>> {
         let home = std::env::var("HOME").unwrap_or_default();
         Ok(vec![DropIn { runtime_config: String::new(), path: String::new(), contents: home }])
