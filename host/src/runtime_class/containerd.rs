@@ -21,9 +21,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 
-use super::files::{self, Kind};
+use super::files::{self, Files, Kind};
 use super::{CriConfig, Handler};
-use crate::node::Root;
 
 /// Where a distribution keeps the configuration its containerd is started with.
 struct Location {
@@ -114,21 +113,21 @@ struct File {
 }
 
 /// Every containerd configuration the node has, one per distribution location present.
-pub(crate) fn read_all(root: &Root) -> Result<Vec<CriConfig>> {
+pub(crate) fn read_all(files: &Files) -> Result<Vec<CriConfig>> {
     let mut out = Vec::new();
     for loc in LOCATIONS {
-        if files::kind(root, loc.main)?.is_none() {
+        if files.kind(loc.main)?.is_none() {
             continue;
         }
-        out.push(read_location(root, loc)?);
+        out.push(read_location(files, loc)?);
     }
     Ok(out)
 }
 
 /// Loads one distribution's containerd configuration and reads its handlers.
-fn read_location(root: &Root, loc: &Location) -> Result<CriConfig> {
+fn read_location(files: &Files, loc: &Location) -> Result<CriConfig> {
     let mut c = CriConfig { runtime: loc.runtime.to_string(), ..Default::default() };
-    let loaded = match load(root, loc, &mut c.files) {
+    let loaded = match load(files, loc, &mut c.files) {
         Ok(l) => l,
         Err(e) => {
             c.broken = Some(format!("{e:#}"));
@@ -209,7 +208,7 @@ fn same(a: &Handler, b: &Handler) -> bool {
 }
 
 /// Reads the main file and its imports in containerd's order, recording each path read.
-fn load(root: &Root, loc: &Location, read: &mut Vec<String>) -> Result<Vec<File>> {
+fn load(files: &Files, loc: &Location, read: &mut Vec<String>) -> Result<Vec<File>> {
     let mut pending: std::collections::VecDeque<(String, Option<String>)> =
         std::collections::VecDeque::from([(loc.main.to_string(), None)]);
     let mut out: Vec<File> = Vec::new();
@@ -222,7 +221,7 @@ fn load(root: &Root, loc: &Location, read: &mut Vec<String>) -> Result<Vec<File>
         }
         read.push(path.clone());
         let by = || importer.as_ref().map(|i| format!(" (imported by {i})")).unwrap_or_default();
-        let text = match files::read(root, &path) {
+        let text = match files.read(&path) {
             Ok(Some(t)) => t,
             Ok(None) => bail!("{path}{} does not exist: containerd fails to load its configuration", by()),
             Err(e) => bail!("{e:#}{}", by()),
@@ -255,7 +254,7 @@ fn load(root: &Root, loc: &Location, read: &mut Vec<String>) -> Result<Vec<File>
             imports.push(format!("{dir}/*.toml"));
         }
         for i in imports {
-            for p in resolve_import(root, &path, &i)? {
+            for p in resolve_import(files, &path, &i)? {
                 pending.push_back((p, Some(path.clone())));
             }
         }
@@ -268,7 +267,7 @@ fn load(root: &Root, loc: &Location, read: &mut Vec<String>) -> Result<Vec<File>
 /// parent's directory, and, if it contains `*`, expanded as a glob (sorted; no match =
 /// nothing). containerd before 1.6.30/1.7.15 took a relative glob from its working
 /// directory instead (`/` as a service); kata-deploy writes absolute imports.
-fn resolve_import(root: &Root, parent: &str, import: &str) -> Result<Vec<String>> {
+fn resolve_import(files: &Files, parent: &str, import: &str) -> Result<Vec<String>> {
     let joined = if import.starts_with('/') {
         import.to_string()
     } else {
@@ -279,12 +278,12 @@ fn resolve_import(root: &Root, parent: &str, import: &str) -> Result<Vec<String>
     if !path.contains('*') {
         return Ok(vec![path]);
     }
-    glob(root, &path)
+    glob(files, &path)
 }
 
 /// Go's `filepath.Glob` of an absolute pattern beneath the root: each component with a
 /// meta character matched against the sorted entries of every directory matched so far.
-fn glob(root: &Root, pattern: &str) -> Result<Vec<String>> {
+fn glob(files: &Files, pattern: &str) -> Result<Vec<String>> {
     let opts = glob::MatchOptions {
         case_sensitive: true,
         require_literal_separator: true,
@@ -305,12 +304,12 @@ fn glob(root: &Root, pattern: &str) -> Result<Vec<String>> {
             match &pat {
                 None => {
                     let p = files::join(dir, part);
-                    if !last || files::kind(root, &p)?.is_some() || is_link(root, &p)? {
+                    if !last || files.kind(&p)?.is_some() || listed(files, dir, part)? {
                         next.push(p);
                     }
                 }
                 Some(pat) => {
-                    let Some(entries) = files::list(root, dir)? else { continue };
+                    let Some(entries) = files.list(dir)? else { continue };
                     for (name, _) in entries {
                         if pat.matches_with(&name, opts) {
                             next.push(files::join(dir, &name));
@@ -325,7 +324,7 @@ fn glob(root: &Root, pattern: &str) -> Result<Vec<String>> {
         if !last {
             let mut dirs = Vec::new();
             for p in next {
-                if files::kind(root, &p)? == Some(Kind::Dir) {
+                if files.kind(&p)? == Some(Kind::Dir) {
                     dirs.push(p);
                 }
             }
@@ -336,13 +335,10 @@ fn glob(root: &Root, pattern: &str) -> Result<Vec<String>> {
     Ok(current)
 }
 
-/// A dangling symlink (Go's `Lstat` finds it, so `Glob` returns it).
-fn is_link(root: &Root, node_path: &str) -> Result<bool> {
-    let rel = crate::node::rel_path(node_path);
-    let parent = rel.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
-    let Some(name) = rel.file_name() else { return Ok(false) };
-    let parent_rel = root.resolve(&crate::node::node_path(&parent))?;
-    Ok(root.dir().symlink_metadata(parent_rel.join(name)).is_ok_and(|m| m.is_symlink()))
+/// Whether `dir` has an entry `name` (a dangling symlink too: Go's `Lstat` finds it, so
+/// `Glob` returns it).
+fn listed(files: &Files, dir: &str, name: &str) -> Result<bool> {
+    Ok(files.list(dir)?.is_some_and(|entries| entries.iter().any(|(n, _)| n == name)))
 }
 
 /// containerd 2.x's map merge (dario.cat/mergo with override): tables merge key by key,

@@ -1,16 +1,15 @@
 //! CRI-O's runtime handlers, read as CRI-O reads them (cri-o `pkg/config/config.go`,
 //! `UpdateFromFile` then `UpdateFromPath`): `/etc/crio/crio.conf`, then every file under
 //! `/etc/crio/crio.conf.d/` whatever its name (kata-deploy writes `99-kata-deploy`), walked
-//! as Go's `filepath.Walk` walks (lexical order, depth first, a symlink read as the file it
-//! names). Each file is decoded over the previous result; a handler table
+//! as Go's `filepath.Walk` walks (lexical order, depth first; a symlink to a directory,
+//! which CRI-O fails to read, is walked into here). Each file is decoded over the previous result; a handler table
 //! `[crio.runtime.runtimes.<handler>]` in a later file replaces the whole earlier entry
 //! (BurntSushi/toml decodes each map value afresh), so the later file wins.
 
 use anyhow::Result;
 
-use super::files::{self, Kind};
+use super::files::{self, Files, Kind};
 use super::{CriConfig, Handler};
-use crate::node::Root;
 
 /// The runtime's name in messages.
 pub(crate) const RUNTIME: &str = "CRI-O";
@@ -40,13 +39,13 @@ pub(crate) fn is_kata(handler: &str, h: &Handler) -> bool {
 }
 
 /// Every file CRI-O reads under `dir` (node path), in its order.
-fn walk(root: &Root, dir: &str, depth: usize, out: &mut Vec<String>) -> Result<()> {
-    let Some(entries) = files::list(root, dir)? else { return Ok(()) };
+fn walk(files: &Files, dir: &str, depth: usize, out: &mut Vec<String>) -> Result<()> {
+    let Some(entries) = files.list(dir)? else { return Ok(()) };
     for (name, is_dir) in entries {
         let path = files::join(dir, &name);
         if is_dir {
             if depth < MAX_DEPTH {
-                walk(root, &path, depth + 1, out)?;
+                walk(files, &path, depth + 1, out)?;
             }
         } else if out.len() < MAX_FILES {
             out.push(path);
@@ -87,20 +86,20 @@ fn apply(c: &mut CriConfig, path: &str, table: &toml::Table) -> Result<(), Strin
 }
 
 /// CRI-O's configuration on the node; `None` when it has neither file nor directory.
-pub(crate) fn read(root: &Root) -> Result<Option<CriConfig>> {
+pub(crate) fn read(files: &Files) -> Result<Option<CriConfig>> {
     let mut paths = Vec::new();
-    if files::kind(root, MAIN)?.is_some() {
+    if files.kind(MAIN)?.is_some() {
         paths.push(MAIN.to_string());
     }
-    let has_dir = files::kind(root, DROP_IN_DIR)? == Some(Kind::Dir);
-    walk(root, DROP_IN_DIR, 0, &mut paths)?;
+    let has_dir = files.kind(DROP_IN_DIR)? == Some(Kind::Dir);
+    walk(files, DROP_IN_DIR, 0, &mut paths)?;
     if paths.is_empty() && !has_dir {
         return Ok(None);
     }
     let mut c = CriConfig { runtime: RUNTIME.to_string(), ..Default::default() };
     for p in paths {
         c.files.push(p.clone());
-        let problem = match files::read(root, &p) {
+        let problem = match files.read(&p) {
             Ok(Some(text)) => match toml::from_str::<toml::Table>(&text) {
                 Ok(t) => apply(&mut c, &p, &t).err(),
                 Err(e) => Some(format!("{p} is not valid TOML: {}", e.message())),

@@ -1,7 +1,8 @@
 //! RuntimeClass handlers resolved the way the node's container runtime resolves them
 //! (DESIGN §6 "RuntimeClass"): CRI-O's and containerd's own configuration say which Kata
 //! `configuration*.toml` a handler runs, and that file is checked to be a Kata
-//! configuration of the provider's TEE. Facts only, every file read beneath `--root`.
+//! configuration of the provider's TEE. Facts only, every file read beneath `--root`
+//! through the runner's node-file reader (`nodefs`).
 //!
 //! Refusals (an unknown handler, a missing or dangling config path, a runtime that is not
 //! Kata, another TEE, a runtime configuration Kata cannot load) name the handler and every
@@ -71,11 +72,12 @@ pub struct CriConfig {
 /// Every container runtime configuration present on the node (CRI-O, then each
 /// distribution's containerd).
 pub fn read_cri_configs(root: &Root) -> Result<Vec<CriConfig>> {
+    let files = files::Files::open(root)?;
     let mut out = Vec::new();
-    if let Some(c) = crio::read(root)? {
+    if let Some(c) = crio::read(&files)? {
         out.push(c);
     }
-    out.extend(containerd::read_all(root)?);
+    out.extend(containerd::read_all(&files)?);
     Ok(out)
 }
 
