@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::cli::ConfigArgs;
+use crate::error::invalid;
 use crate::policy::KeyValue;
 
 /// Largest ConfigMap file or key file accepted (Kubernetes caps a ConfigMap at 1 MiB).
@@ -22,24 +22,6 @@ pub const MAX_KEYS: usize = 128;
 
 /// Longest key name (Kubernetes' own limit for ConfigMap keys).
 pub const MAX_KEY_LEN: usize = 253;
-
-/// The configuration itself is invalid (unparsable, wrong kind, over a limit): exit 2.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid configuration: {0}")]
-pub struct ConfigError(pub String);
-
-fn invalid(msg: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(ConfigError(msg.into()))
-}
-
-/// Whether an error (anywhere in its chain) means invalid configuration (exit 2).
-pub fn is_invalid_config(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| e.is::<ConfigError>() || is_rejection(e))
-}
-
-fn is_rejection(e: &(dyn std::error::Error + 'static)) -> bool {
-    matches!(e.downcast_ref::<crate::policy::PolicyError>(), Some(crate::policy::PolicyError::Rejected(_)))
-}
 
 /// Refuses a key list over [`MAX_KEYS`] or with a key name over [`MAX_KEY_LEN`].
 pub fn check_counts(origin: &str, data: &[KeyValue]) -> Result<()> {
@@ -62,6 +44,25 @@ pub const ENV_PREFIX: &str = "ADDON_";
 /// Env vars with the prefix that belong to the runner itself, not to the policy.
 const RUNNER_ENV: &[&str] = &["ADDON_ACTION"];
 
+/// Where to read the configuration from (`--configmap`, `--configmap-dir`, else the environment).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Source {
+    /// A ConfigMap file (YAML or JSON); `-` is standard input.
+    File(PathBuf),
+    /// A ConfigMap mounted as a directory: one file per key.
+    Dir(PathBuf),
+    /// The `ADDON_*` environment.
+    #[default]
+    Env,
+}
+
+impl Source {
+    /// Whether the source is a mounted directory (the daemon watches it for changes).
+    pub fn is_dir(&self) -> bool {
+        matches!(self, Source::Dir(_))
+    }
+}
+
 /// Where the configuration came from, and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
@@ -77,9 +78,9 @@ pub enum Input {
 }
 
 impl Input {
-    /// Reads the configuration selected by the command-line options.
-    pub fn load(args: &ConfigArgs) -> Result<Input> {
-        if let Some(file) = &args.configmap {
+    /// Reads the configuration from `source`.
+    pub fn load(source: &Source) -> Result<Input> {
+        if let Source::File(file) = source {
             let (origin, text) = if file.as_os_str() == "-" {
                 let mut s = String::new();
                 std::io::stdin()
@@ -99,7 +100,7 @@ impl Input {
             check_counts(&format!("ConfigMap {origin}"), &data)?;
             return Ok(Input::ConfigMap { origin, data });
         }
-        if let Some(dir) = &args.configmap_dir {
+        if let Source::Dir(dir) = source {
             let data = read_configmap_dir(dir)?;
             check_counts(&format!("ConfigMap directory {}", dir.display()), &data)?;
             return Ok(Input::ConfigMap { origin: dir.display().to_string(), data });
@@ -280,6 +281,7 @@ pub fn from_env(vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsStri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::is_invalid_config;
 
     #[test]
     fn whole_configmap_and_bare_map() {

@@ -12,52 +12,85 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::{Action, ConfigArgs, LayoutArgs, NodeArgs, Watch};
-use crate::configmap::Input;
-use crate::install::{self, Outcome};
+use crate::configmap::{self, Input};
+use crate::error::{Class, classify};
+use crate::fetch::PullOptions;
+use crate::install::{self, Outcome, Pin};
+use crate::node::Site;
 use crate::policy::Policy;
 use crate::preview;
-use crate::source::RegistryOptions;
+use crate::runtime::Selection;
 
-/// Everything the daemon needs.
-pub struct Daemon {
+/// `daemon` actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Install (and keep reconciling).
+    Install,
+    /// Uninstall.
+    Uninstall,
+}
+
+/// How the daemon notices changes of the runtime configuration directories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watch {
+    /// inotify; polling where inotify is unavailable.
+    Inotify,
+    /// Poll the directories every poll interval (filesystems without inotify).
+    Poll,
+    /// No change notification: drift is found by the periodic resync only.
+    None,
+}
+
+/// Everything the daemon needs, checked by the command layer.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
     /// What to do.
     pub action: Action,
     /// Configuration source.
-    pub config: ConfigArgs,
-    /// Registry access.
-    pub registry: RegistryOptions,
-    /// Node location.
-    pub node: NodeArgs,
+    pub config: configmap::Source,
+    /// Registry access, trust and extraction limits.
+    pub pull: PullOptions,
+    /// Where on the node.
+    pub site: Site,
+    /// Runtime configuration selection.
+    pub selection: Selection,
     /// Readiness marker.
     pub ready_file: PathBuf,
-    /// How often to look at `--configmap-dir`.
+    /// How often to look at a mounted ConfigMap directory.
     pub poll_interval: Duration,
-    /// Runtime configuration selection.
-    pub layout: LayoutArgs,
     /// How often to re-verify and repair the node; `None` = never.
     pub resync: Option<Duration>,
-    /// Longest random wait before the first install (`--start-jitter`).
+    /// Longest random wait before the first install.
     pub start_jitter: Duration,
-    /// How changes of the runtime configuration directories are noticed (`--watch`).
+    /// How changes of the runtime configuration directories are noticed.
     pub watch: Watch,
 }
 
+/// The daemon: its options, for the life of the process.
+pub struct Daemon {
+    o: DaemonOptions,
+}
+
 impl Daemon {
+    /// A daemon with these options.
+    pub fn new(options: DaemonOptions) -> Self {
+        Daemon { o: options }
+    }
+
     /// Runs until SIGTERM/SIGINT; an error means the first action failed.
     pub async fn run(self, policy: &Policy) -> Result<()> {
         let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let mut applied = match self.action {
+        let mut applied = match self.o.action {
             Action::Install => {
-                let input = Input::load(&self.config)?;
-                if !self.start_jitter.is_zero() {
-                    let wait = self.start_jitter.mul_f64(fastrand::f64());
+                let input = Input::load(&self.o.config)?;
+                if !self.o.start_jitter.is_zero() {
+                    let wait = self.o.start_jitter.mul_f64(fastrand::f64());
                     tracing::info!(
                         wait_ms = wait.as_millis() as u64,
                         "start-up jitter: waiting {:.2} s (of at most {} s) before contacting the registry",
                         wait.as_secs_f64(),
-                        self.start_jitter.as_secs_f64()
+                        self.o.start_jitter.as_secs_f64()
                     );
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
@@ -69,8 +102,8 @@ impl Daemon {
                 Some(input)
             }
             Action::Uninstall => {
-                let (node, layout) = (self.node.clone(), self.layout.clone());
-                let done = tokio::task::spawn_blocking(move || install::uninstall(&node, &layout))
+                let (site, selection) = (self.o.site.clone(), self.o.selection.clone());
+                let done = tokio::task::spawn_blocking(move || install::uninstall(&site, &selection))
                     .await
                     .context("uninstall task")??;
                 match &done.state {
@@ -85,20 +118,21 @@ impl Daemon {
                 None
             }
         };
-        write_ready(&self.ready_file)?;
-        tracing::info!(ready_file = %self.ready_file.display(), "ready; waiting for SIGTERM");
-        let watch = self.action == Action::Install && self.config.configmap_dir.is_some();
-        let mut tick = tokio::time::interval(self.poll_interval);
+        write_ready(&self.o.ready_file)?;
+        tracing::info!(ready_file = %self.o.ready_file.display(), "ready; waiting for SIGTERM");
+        let watch = self.o.action == Action::Install && self.o.config.is_dir();
+        let mut tick = tokio::time::interval(self.o.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Drift repair: periodic resync plus change notification on the runtime dirs.
-        let repairing = self.action == Action::Install;
+        let repairing = self.o.action == Action::Install;
         let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let mut dirs = DirWatch::new(changed_tx, self.poll_interval, if repairing { self.watch } else { Watch::None });
+        let mut dirs =
+            DirWatch::new(changed_tx, self.o.poll_interval, if repairing { self.o.watch } else { Watch::None });
         if repairing && let Some(input) = &applied {
             dirs.update(self.watch_dirs(policy, input));
             tracing::info!(
-                resync_seconds = self.resync.map(|r| r.as_secs_f64()),
-                watch = ?self.watch,
+                resync_seconds = self.o.resync.map(|r| r.as_secs_f64()),
+                watch = ?self.o.watch,
                 "drift repair: periodic resync (0 = off) and change notification (--watch)"
             );
         }
@@ -108,7 +142,7 @@ impl Daemon {
             tokio::select! {
                 _ = term.recv() => { tracing::info!("SIGTERM: exiting, install kept"); break; }
                 _ = int.recv() => { tracing::info!("SIGINT: exiting, install kept"); break; }
-                _ = &mut resync_sleep, if repairing && self.resync.is_some() => {
+                _ = &mut resync_sleep, if repairing && self.o.resync.is_some() => {
                     if let Some(input) = &applied {
                         self.repair(policy, input, "periodic resync").await;
                         dirs.update(self.watch_dirs(policy, input));
@@ -126,7 +160,7 @@ impl Daemon {
                     }
                 }
                 _ = tick.tick(), if watch => {
-                    let input = match Input::load(&self.config) {
+                    let input = match Input::load(&self.o.config) {
                         Ok(i) => i,
                         Err(e) => { tracing::error!(error = %format!("{e:#}"), "reading the ConfigMap failed; keeping the current addon"); continue; }
                     };
@@ -139,8 +173,9 @@ impl Daemon {
                         Err(e) => {
                             tracing::error!(error = %format!("{e:#}"), "the changed ConfigMap could not be applied; the node keeps the last good addon");
                             // An invalid configuration stays invalid: do not retry it on every tick.
-                            // Operational failures (registry down, disk full) are retried.
-                            if crate::configmap::is_invalid_config(&e) || e.downcast_ref::<crate::policy::PolicyError>().is_some() {
+                            // Operational failures (registry down, disk full, a policy that
+                            // timed out or trapped) are retried: the exit-code classes of main.
+                            if classify(&e) == Class::InvalidConfig {
                                 applied = Some(input);
                             }
                         }
@@ -153,13 +188,15 @@ impl Daemon {
 
     /// The resync period with ±10 % jitter, so a fleet does not resync in step.
     fn next_resync(&self) -> Option<Duration> {
-        self.resync.map(|r| r.mul_f64(0.9 + 0.2 * fastrand::f64()))
+        self.o.resync.map(|r| r.mul_f64(0.9 + 0.2 * fastrand::f64()))
     }
 
     /// Re-verifies the node against the state and repairs drift; never fails the daemon.
     async fn repair(&self, policy: &Policy, input: &Input, why: &str) {
-        let result = match preview::plan_for(policy, input, &self.layout) {
-            Ok((_, plan)) => install::repair(policy, &plan, &self.registry, &self.node, &self.layout).await,
+        let result = match preview::plan_for(policy, input, &self.o.selection.kata_prefix) {
+            Ok((_, plan)) => {
+                install::install(policy, &plan, &self.o.pull, &self.o.site, &self.o.selection, Pin::Recorded).await
+            }
             Err(e) => Err(e.into()),
         };
         match result {
@@ -184,15 +221,16 @@ impl Daemon {
     /// (resolved) runtime configurations.
     fn watch_dirs(&self, policy: &Policy, input: &Input) -> BTreeSet<PathBuf> {
         let mut node_dirs: Vec<String> = Vec::new();
-        if let Ok((_, plan)) = preview::plan_for(policy, input, &self.layout) {
+        if let Ok((_, plan)) = preview::plan_for(policy, input, &self.o.selection.kata_prefix) {
             node_dirs.extend(plan.runtime_configs.iter().map(|c| parent(c).to_string()));
         }
-        if let Ok(Some(st)) = install::status(&self.node).map(|s| s.state) {
+        // The recorded state only: `status` would hash every artifact on each event.
+        if let Ok(Some(st)) = install::recorded_state(&self.o.site) {
             node_dirs.extend(st.drop_ins.iter().map(|d| parent(&d.runtime_config).to_string()));
         }
         let mut out = BTreeSet::new();
         for d in node_dirs {
-            let mut p = self.node.root.join(d.trim_start_matches('/'));
+            let mut p = self.o.site.root.join(d.trim_start_matches('/'));
             if p.is_dir() {
                 let config_d = p.join(crate::runtime::CONFIG_D);
                 if config_d.is_dir() {
@@ -201,7 +239,7 @@ impl Daemon {
                 out.insert(p);
                 continue;
             }
-            while !p.is_dir() && p != self.node.root {
+            while !p.is_dir() && p != self.o.site.root {
                 if !p.pop() {
                     break;
                 }
@@ -212,8 +250,8 @@ impl Daemon {
     }
 
     async fn install(&self, policy: &Policy, input: &Input) -> Result<()> {
-        let (_, plan) = preview::plan_for(policy, input, &self.layout)?;
-        match install::install(policy, &plan, &self.registry, &self.node, &self.layout).await? {
+        let (_, plan) = preview::plan_for(policy, input, &self.o.selection.kata_prefix)?;
+        match install::install(policy, &plan, &self.o.pull, &self.o.site, &self.o.selection, Pin::Reference).await? {
             Outcome::UpToDate(st) => tracing::info!(version = %st.version, "up to date"),
             Outcome::Repaired(st, _) => tracing::info!(version = %st.version, "repaired"),
             Outcome::Installed(st) => tracing::info!(version = %st.version, digest = %st.manifest_digest, "installed"),

@@ -2,10 +2,17 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::LogFormat;
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber (once; later calls are ignored).
-pub fn init(format: LogFormat) {
+pub fn init(format: Format) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
@@ -14,7 +21,7 @@ pub fn init(format: LogFormat) {
         .with_target(false)
         .with_ansi(ansi);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        Format::Text => builder.try_init(),
+        Format::Json => builder.json().flatten_event(true).try_init(),
     };
 }

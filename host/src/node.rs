@@ -12,6 +12,16 @@ use cap_std::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 /// Most symlinks followed while resolving one path (as Linux' `MAXSYMLINKS`).
 const MAX_HOPS: usize = 40;
 
+/// Where on the node a command works: the root (`--root`) and how long it waits for the
+/// node lock (`--lock-timeout`).
+#[derive(Debug, Clone)]
+pub struct Site {
+    /// The node's root filesystem (the DaemonSet mounts it at `/host`).
+    pub root: PathBuf,
+    /// Longest wait for another kata-addons run on this node.
+    pub lock_timeout: std::time::Duration,
+}
+
 /// The node root (`--root`), opened once.
 #[derive(Debug)]
 pub struct Root {
@@ -242,6 +252,16 @@ pub fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>> {
         size += n as u64;
     }
     Ok(Some((hex::encode(h.finalize()), size)))
+}
+
+/// Removes a file or directory tree if it exists.
+pub fn remove_entry(dir: &Dir, name: &str) -> Result<()> {
+    match dir.symlink_metadata(name) {
+        Ok(m) if m.is_dir() => dir.remove_dir_all(name).with_context(|| format!("removing {name}")),
+        Ok(_) => dir.remove_file(name).with_context(|| format!("removing {name}")),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("inspecting {name}")),
+    }
 }
 
 #[cfg(test)]

@@ -32,6 +32,49 @@ pub use bindings::{
 };
 
 use kata_addons_facts::{DEFAULT_KATA_PREFIX, DROP_IN_NAME, parent_dir};
+
+/// WIT names of the enums the node records and prints (`Display`, and the serde form of
+/// the state's `kind` and `provider`).
+macro_rules! wit_names {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// Every value, in WIT order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+
+            /// The WIT name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.name())
+            }
+        }
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                $ty::ALL.iter().copied().find(|v| v.name() == s).ok_or_else(|| {
+                    let names: Vec<&str> = $ty::ALL.iter().map(|v| v.name()).collect();
+                    serde::de::Error::custom(format!("unknown {} {s:?} (known: {})", stringify!($ty), names.join(", ")))
+                })
+            }
+        }
+    };
+}
+
+wit_names!(ArtifactKind { Kernel => "kernel", Initrd => "initrd", Image => "image", Extension => "extension" });
+wit_names!(Provider { Se => "se", Tdx => "tdx", Snp => "snp" });
 /// Most runtime configurations a plan may name.
 const MAX_RUNTIME_CONFIGS: usize = 32;
 

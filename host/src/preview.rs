@@ -6,14 +6,26 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::cli::{LayoutArgs, PreviewFormat};
 use crate::configmap::Input;
 use crate::layout;
 use crate::node::Root;
 use crate::policy::{
-    ArtifactKind, DropIn, ImageSource, InstalledFile, KeyValue, NodeOptions, Plan, Policy, PolicyError, Provider,
-    path_only_facts,
+    DropIn, ImageSource, InstalledFile, KeyValue, NodeOptions, Plan, Policy, PolicyError, path_only_facts,
 };
+use crate::runtime::Selection;
+
+/// `preview` output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Human-readable summary.
+    Text,
+    /// One JSON object: `env`, `artifacts`, `dropIns`, `plan`.
+    Json,
+    /// `NAME=value` lines, shell-quoted.
+    Env,
+    /// A Kubernetes `env:` list for a DaemonSet.
+    Yaml,
+}
 
 /// What `install` would do, computed without network or writes.
 #[derive(Debug, Clone)]
@@ -33,11 +45,11 @@ pub struct Preview {
 /// Runs the policy on the configuration: ConfigMap -> env (`env`) -> plan (`plan`), for
 /// kata-deploy's default prefix. `ADDON_*` environment input goes straight to `plan`.
 pub fn plan(policy: &Policy, input: &Input) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
-    plan_for(policy, input, &LayoutArgs::default())
+    plan_for(policy, input, kata_addons_facts::DEFAULT_KATA_PREFIX)
 }
 
-/// [`plan`] with the node's layout options (`--kata-prefix`).
-pub fn plan_for(policy: &Policy, input: &Input, layout: &LayoutArgs) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
+/// [`plan`] for kata-deploy's installation prefix `kata_prefix` (`--kata-prefix`).
+pub fn plan_for(policy: &Policy, input: &Input, kata_prefix: &str) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
     let env = match input {
         Input::ConfigMap { data, .. } => policy.env(data)?,
         // The values `plan` acts on: the policy's own trimming (all-blank = empty, which the
@@ -51,7 +63,7 @@ pub fn plan_for(policy: &Policy, input: &Input, layout: &LayoutArgs) -> Result<(
             })
             .collect(),
     };
-    let plan = policy.plan_for(&env, &NodeOptions { kata_prefix: layout.kata_prefix.clone() })?;
+    let plan = policy.plan_for(&env, &NodeOptions { kata_prefix: kata_prefix.to_string() })?;
     Ok((env, plan))
 }
 
@@ -68,12 +80,11 @@ pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
 
 /// Like [`compute`], for the runtime configurations found under `root` (read only); when
 /// none is usable, for the plan's first candidate, with a note saying so.
-pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, layout_args: &LayoutArgs) -> Result<Preview> {
-    let (env, plan) = plan_for(policy, input, layout_args)?;
+pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, selection: &Selection) -> Result<Preview> {
+    let (env, plan) = plan_for(policy, input, &selection.kata_prefix)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = layout::installed_files(&plan, &dir);
-    let found = Root::open(root)
-        .and_then(|r| crate::runtime::discover(&r, &plan.runtime_configs, &crate::install::selection(layout_args)));
+    let found = Root::open(root).and_then(|r| crate::runtime::discover(&r, &plan.runtime_configs, selection));
     let (configs, note) = match found {
         Ok(found) => (found.into_iter().map(|rc| rc.resolved).collect::<Vec<_>>(), None),
         Err(e) => (
@@ -84,25 +95,6 @@ pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, layout
     let configs: Vec<_> = configs.iter().map(|p| path_only_facts(p)).collect();
     let drop_ins = policy.render(&plan, &installed, &configs)?;
     Ok(Preview { env, plan, installed, drop_ins, note })
-}
-
-/// WIT name of an artifact kind.
-pub fn kind_name(k: ArtifactKind) -> &'static str {
-    match k {
-        ArtifactKind::Kernel => "kernel",
-        ArtifactKind::Initrd => "initrd",
-        ArtifactKind::Image => "image",
-        ArtifactKind::Extension => "extension",
-    }
-}
-
-/// WIT name of a provider.
-pub fn provider_name(p: Provider) -> &'static str {
-    match p {
-        Provider::Se => "se",
-        Provider::Tdx => "tdx",
-        Provider::Snp => "snp",
-    }
 }
 
 /// The plan as JSON (camelCase keys).
@@ -116,7 +108,7 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
     json!({
         "image": plan.image,
         "source": source,
-        "provider": provider_name(plan.provider),
+        "provider": plan.provider.name(),
         "version": plan.version,
         "runtimeClasses": plan.runtime_classes,
         "runtimeConfigs": plan.runtime_configs,
@@ -127,7 +119,7 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
 fn artifacts_json(plan: &Plan) -> serde_json::Value {
     plan.artifacts
         .iter()
-        .map(|a| json!({ "kind": kind_name(a.kind), "source": a.source, "fileName": a.file_name, "sha256": a.sha256 }))
+        .map(|a| json!({ "kind": a.kind.name(), "source": a.source, "fileName": a.file_name, "sha256": a.sha256 }))
         .collect()
 }
 
@@ -149,9 +141,9 @@ struct EnvList<'a> {
 }
 
 /// Prints a preview in the chosen format.
-pub fn print(p: &Preview, format: PreviewFormat, out: &mut dyn Write) -> Result<()> {
+pub fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<()> {
     match format {
-        PreviewFormat::Json => {
+        Format::Json => {
             let doc = json!({
                 "env": env_json(&p.env),
                 "artifacts": artifacts_json(&p.plan),
@@ -164,29 +156,29 @@ pub fn print(p: &Preview, format: PreviewFormat, out: &mut dyn Write) -> Result<
             serde_json::to_writer_pretty(&mut *out, &doc).context("writing JSON")?;
             writeln!(out)?;
         }
-        PreviewFormat::Env => {
+        Format::Env => {
             for kv in &p.env {
                 let quoted =
                     shlex::try_quote(&kv.value).with_context(|| format!("{} cannot be shell-quoted", kv.name))?;
                 writeln!(out, "{}={}", kv.name, quoted)?;
             }
         }
-        PreviewFormat::Yaml => {
+        Format::Yaml => {
             let list = EnvList { env: p.env.iter().map(|kv| EnvVar { name: &kv.name, value: &kv.value }).collect() };
             let text = serde_norway::to_string(&list).context("writing YAML")?;
             out.write_all(text.as_bytes())?;
         }
-        PreviewFormat::Text => {
+        Format::Text => {
             writeln!(out, "Environment:")?;
             for kv in &p.env {
                 writeln!(out, "  {}={}", kv.name, kv.value)?;
             }
             writeln!(out, "\nPlan:")?;
             writeln!(out, "  image:    {}", p.plan.image)?;
-            writeln!(out, "  provider: {}", provider_name(p.plan.provider))?;
+            writeln!(out, "  provider: {}", p.plan.provider.name())?;
             writeln!(out, "  version:  {}", p.plan.version)?;
             for (a, f) in p.plan.artifacts.iter().zip(&p.installed) {
-                writeln!(out, "  {:<7} {} -> {}", kind_name(a.kind), a.source, f.path)?;
+                writeln!(out, "  {:<7} {} -> {}", a.kind.name(), a.source, f.path)?;
                 if let Some(s) = &a.sha256 {
                     writeln!(out, "          sha256 {s}")?;
                 }

@@ -40,13 +40,27 @@ impl RuntimeConfig {
     }
 }
 
-/// How the caller narrows or widens the set (`--runtime-config`, `--allow-shared-config-d`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Which runtime configurations get the drop-in: the candidates of kata-deploy's prefix
+/// (`--kata-prefix`), narrowed or widened by the caller (`--runtime-config`,
+/// `--allow-shared-config-d`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection {
+    /// kata-deploy's installation prefix on the node.
+    pub kata_prefix: String,
     /// Node paths the set is restricted to (each a candidate, or a path resolving to one).
     pub only: Vec<String>,
     /// Write into a `config.d` that other `configuration*.toml` files also read.
     pub allow_shared_config_d: bool,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Selection {
+            kata_prefix: kata_addons_facts::DEFAULT_KATA_PREFIX.to_string(),
+            only: Vec::new(),
+            allow_shared_config_d: false,
+        }
+    }
 }
 
 /// Resolves one node path inside the root; `Some` if it leads to a regular file.

@@ -6,6 +6,7 @@ use cap_std::fs::Dir;
 use serde::{Deserialize, Serialize};
 
 use crate::node;
+use crate::policy::{ArtifactKind, Provider};
 
 pub mod validate;
 
@@ -23,7 +24,7 @@ const SCHEMA_V1: u32 = 1;
 #[serde(rename_all = "camelCase")]
 pub struct FileRecord {
     /// `kernel`, `initrd` or `image`.
-    pub kind: String,
+    pub kind: ArtifactKind,
     /// Path inside the image it came from.
     pub source: String,
     /// Node path of the installed file.
@@ -82,7 +83,7 @@ pub struct State {
     /// Addon version label.
     pub version: String,
     /// Provider (`se`, `tdx`, `snp`).
-    pub provider: String,
+    pub provider: Provider,
     /// Name of the version directory inside the install directory.
     pub version_dir: String,
     /// The installed files.
@@ -98,7 +99,60 @@ pub struct State {
     pub previous_drop_ins: Vec<String>,
     /// The image trust decision (policy.json) that admitted the installed image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trust: Option<crate::trust::TrustRecord>,
+    pub trust: Option<TrustRecord>,
+}
+
+/// What the image trust policy decided about an installed image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TrustDecision {
+    /// The policy accepted the image.
+    Accepted,
+    /// No policy file on the node: signatures were not checked.
+    Unchecked,
+}
+
+impl std::fmt::Display for TrustDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TrustDecision::Accepted => "accepted",
+            TrustDecision::Unchecked => "unchecked",
+        })
+    }
+}
+
+/// The trust decision recorded in the state, `status` and the logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrustRecord {
+    /// What the policy decided.
+    pub decision: TrustDecision,
+    /// The policy file that decided.
+    pub policy_file: String,
+    /// The scope that decided (`transports.docker."quay.io/org"`, `default`).
+    pub scope: String,
+    /// The requirement types of that scope, `+`-joined (`signedBy`, `insecureAcceptAnything`).
+    pub requirement: String,
+    /// The identity a verified signature claims, if a signature was required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// The key that made it (OpenPGP fingerprint, or sha256 of the sigstore public key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl TrustRecord {
+    /// One line for `status` and logs.
+    pub fn summary(&self) -> String {
+        let mut s = format!("{} by {} ({}: {})", self.decision, self.policy_file, self.scope, self.requirement);
+        if let Some(i) = &self.identity {
+            s.push_str(&format!(", identity {i}"));
+        }
+        if let Some(k) = &self.key {
+            s.push_str(&format!(", key {k}"));
+        }
+        s
+    }
 }
 
 /// Reads the state from the install directory; `None` when nothing is installed.
@@ -141,7 +195,7 @@ struct StateV1 {
     image: String,
     manifest_digest: String,
     version: String,
-    provider: String,
+    provider: Provider,
     version_dir: String,
     files: Vec<FileRecord>,
     drop_in: DropInV1,

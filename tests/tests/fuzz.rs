@@ -1,6 +1,6 @@
 //! Issue 10: a seeded fuzz test. Thousands of generated layers (valid, wild and mutated
 //! tar streams, plain/gzip/zstd, corrupted compressed streams) go through the real
-//! extraction in process (`kata_addons::fetch::fetch_files` on an OCI layout) and a sample
+//! extraction in process (`kata_addons::fetch::Pull::files` on an OCI layout) and a sample
 //! through the real binary (`fetch`, `install`); thousands of generated ConfigMaps and
 //! `ADDON_*` env sets go through the runner's parsing and the policy in process (wasm and
 //! native guest side by side) and a sample through `kata-addons preview`.
@@ -1063,7 +1063,7 @@ struct Scenario {
     /// Model verdict per wanted path (valid images only).
     expected: Vec<R>,
     payloads: HashSet<Vec<u8>>,
-    limits: kata_addons::source::Limits,
+    limits: kata_addons::extract::Limits,
     /// Limits were lowered: an error naming a limit is acceptable.
     tight: bool,
     /// The same limits as command-line flags.
@@ -1115,7 +1115,7 @@ fn scenario(rng: &mut fastrand::Rng, max_ops: usize) -> Scenario {
     }
     let wanted = pick_wanted(rng, &img.tree);
     let expected = wanted.iter().map(|w| model_resolve(&img.tree, w)).collect();
-    let mut limits = kata_addons::source::Limits::default();
+    let mut limits = kata_addons::extract::Limits::default();
     let mut limit_args = Vec::new();
     let tight = rng.u8(0..10) == 0;
     if tight {
@@ -1158,9 +1158,9 @@ enum Got {
     Refused(String),
 }
 
-/// The in-process extraction: `fetch_files` from an OCI layout written in `dir`.
+/// The in-process extraction: `Pull::files` from an OCI layout written in `dir`.
 fn fetch_in_process(rt: &tokio::runtime::Runtime, dir: &Path, s: &Scenario) -> Result<Got, String> {
-    use kata_addons::fetch::{Wanted, fetch_files};
+    use kata_addons::fetch::{Pull, PullOptions, Wanted};
     let layout = dir.join("layout");
     Image::new(s.blobs.clone()).write_layout(&layout, "v1");
     let root = dir.join("root");
@@ -1169,9 +1169,9 @@ fn fetch_in_process(rt: &tokio::runtime::Runtime, dir: &Path, s: &Scenario) -> R
     std::fs::create_dir_all(&dest).map_err(|e| e.to_string())?;
     let dest_dir =
         cap_std::fs::Dir::open_ambient_dir(&dest, cap_std::ambient_authority()).map_err(|e| e.to_string())?;
-    let opts = kata_addons::source::RegistryOptions {
+    let opts = PullOptions {
         limits: s.limits.clone(),
-        trust: kata_addons::trust::TrustOptions { root: Some(root), ..Default::default() },
+        trust: kata_addons::trust::TrustOptions { root, ..Default::default() },
         ..Default::default()
     };
     let image = kata_addons::source::ImageRef::Layout { path: layout, tag: Some("v1".into()) };
@@ -1181,7 +1181,7 @@ fn fetch_in_process(rt: &tokio::runtime::Runtime, dir: &Path, s: &Scenario) -> R
         .enumerate()
         .map(|(i, p)| Wanted { path: p.clone(), dest_name: format!("w{i}"), verity: None })
         .collect();
-    let res = rt.block_on(fetch_files(&opts, &image, &wanted, &dest_dir));
+    let res = rt.block_on(Pull::new(&opts).files(&image, &wanted, &dest_dir, "the destination directory"));
     let mut left: Vec<String> = std::fs::read_dir(&dest)
         .map_err(|e| e.to_string())?
         .filter_map(|e| e.ok())
@@ -1721,7 +1721,7 @@ enum Verdict {
 }
 
 fn verdict_of(policy: &kata_addons::policy::Policy, input: anyhow::Result<kata_addons::configmap::Input>) -> Verdict {
-    use kata_addons::configmap::is_invalid_config;
+    use kata_addons::error::is_invalid_config;
     use kata_addons::policy::PolicyError;
     let input = match input {
         Ok(i) => i,
@@ -1737,7 +1737,8 @@ fn verdict_of(policy: &kata_addons::policy::Policy, input: anyhow::Result<kata_a
 
 /// A ConfigMap file's text as `Input::load` reads it (size, UTF-8, parse, counts).
 fn input_from_file_bytes(bytes: &[u8]) -> anyhow::Result<kata_addons::configmap::Input> {
-    use kata_addons::configmap::{ConfigError, Input, MAX_BYTES, check_counts, parse_configmap};
+    use kata_addons::configmap::{Input, MAX_BYTES, check_counts, parse_configmap};
+    use kata_addons::error::ConfigError;
     if bytes.len() as u64 > MAX_BYTES {
         return Err(ConfigError("too large".into()).into());
     }

@@ -1,120 +1,18 @@
-//! One streaming pass over one layer blob: decompress, walk the tar, index every entry,
-//! and copy the candidate files into temporary files in the destination directory.
+//! The walker: one pass over one layer's decompressed tar stream, indexing every entry
+//! and copying the candidate files into temporary files in the destination directory.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
-use bytes::Bytes;
-use cap_std::fs::{Dir, OpenOptions};
 use sha2::Digest;
 
+use super::decode::{Capped, Compression};
 use super::tarstream::{Kind, TarStream};
+use super::tempfiles::TempFiles;
 use super::{IndexBudget, LayerIndex, Node, Resolution, View, normalize};
-
-/// Prefix of temporary files created in the destination directory.
-pub const TMP_PREFIX: &str = ".kata-addons-tmp.";
-
-/// How a layer's bytes are compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compression {
-    /// Plain tar.
-    None,
-    /// gzip (possibly several members).
-    Gzip,
-    /// zstd.
-    Zstd,
-}
-
-impl Compression {
-    /// The compression for a layer media type; unknown types are refused.
-    pub fn from_media_type(mt: &str) -> Result<Self> {
-        Ok(match mt {
-            "application/vnd.oci.image.layer.v1.tar"
-            | "application/vnd.oci.image.layer.nondistributable.v1.tar"
-            | "application/vnd.docker.image.rootfs.diff.tar" => Compression::None,
-            "application/vnd.oci.image.layer.v1.tar+gzip"
-            | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
-            | "application/vnd.docker.image.rootfs.diff.tar.gzip"
-            | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Compression::Gzip,
-            "application/vnd.oci.image.layer.v1.tar+zstd"
-            | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd" => Compression::Zstd,
-            other => bail!("unsupported layer media type {other:?}"),
-        })
-    }
-}
-
-/// Temporary files created in the destination; whatever is still listed when the
-/// set is dropped is removed.
-#[derive(Clone)]
-pub struct TempFiles {
-    dir: Arc<Dir>,
-    names: Arc<Mutex<HashSet<String>>>,
-    counter: Arc<AtomicU64>,
-    /// How the destination is named in messages (a free-space refusal).
-    place: Arc<str>,
-}
-
-impl TempFiles {
-    /// A set of temporary files in `dir`, named `place` in messages.
-    pub fn new(dir: Dir, place: &str) -> Self {
-        TempFiles { dir: Arc::new(dir), names: Arc::default(), counter: Arc::default(), place: Arc::from(place) }
-    }
-
-    /// Refuses a file of `size` bytes (as its tar header declares, before any of its data is
-    /// read) unless the destination's filesystem has room for it plus a margin.
-    pub fn check_space(&self, path: &str, size: u64) -> Result<()> {
-        crate::node::check_free_space(&self.dir, &self.place, &format!("/{path}"), size)
-    }
-
-    /// The destination directory.
-    pub fn dir(&self) -> &Dir {
-        &self.dir
-    }
-
-    /// Creates a new temporary file (mode 0644, exclusive).
-    pub fn create(&self) -> Result<(String, cap_std::fs::File)> {
-        use cap_std::fs::OpenOptionsExt;
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{TMP_PREFIX}{}.{n}", std::process::id());
-        let mut oo = OpenOptions::new();
-        oo.write(true).create_new(true).mode(0o644);
-        let f = self
-            .dir
-            .open_with(&name, &oo)
-            .with_context(|| format!("create temporary file {name} in the destination"))?;
-        self.names.lock().map_err(|_| anyhow::anyhow!("temp file list poisoned"))?.insert(name.clone());
-        Ok((name, f))
-    }
-
-    /// Removes a temporary file now.
-    pub fn remove(&self, name: &str) {
-        if let Ok(mut n) = self.names.lock() {
-            n.remove(name);
-        }
-        let _ = self.dir.remove_file(name);
-    }
-
-    /// Marks a temporary file as kept (it was renamed to its final name).
-    pub fn keep(&self, name: &str) {
-        if let Ok(mut n) = self.names.lock() {
-            n.remove(name);
-        }
-    }
-
-    /// Removes every temporary file not kept.
-    pub fn cleanup(&self) {
-        let names: Vec<String> = match self.names.lock() {
-            Ok(mut n) => n.drain().collect(),
-            Err(_) => return,
-        };
-        for n in names {
-            let _ = self.dir.remove_file(&n);
-        }
-    }
-}
 
 /// A file copied out of a layer into a temporary file.
 #[derive(Debug, Clone)]
@@ -157,7 +55,7 @@ pub struct LayerJob {
     pub max_total_size: u64,
     /// Bytes copied so far (shared across layers).
     pub total: Arc<AtomicU64>,
-    /// Most decompressed bytes this layer may produce ([`layer_cap`]).
+    /// Most decompressed bytes this layer may produce ([`super::limits::layer_cap`]).
     pub max_decompressed: u64,
     /// The merged index's budget (shared across layers).
     pub budget: Arc<IndexBudget>,
@@ -166,77 +64,12 @@ pub struct LayerJob {
     pub streams: Arc<HashMap<String, crate::verity::Params>>,
 }
 
-/// Default for `--max-layer-ratio`: most decompressed bytes per compressed byte of a layer.
-pub const DEFAULT_MAX_RATIO: u64 = 256;
-/// Decompressed bytes every layer may produce whatever its ratio (small layers: tar
-/// padding and headers compress far beyond any ratio).
-pub const RATIO_FLOOR: u64 = 64 << 20;
-/// Default for `--max-layer-bytes`: absolute ceiling of one layer's decompressed bytes.
-pub const DEFAULT_MAX_LAYER_BYTES: u64 = 32 << 30;
-
-/// Most decompressed bytes a layer of `compressed` bytes may produce:
-/// `min(max(ratio × compressed, RATIO_FLOOR), ceiling)`.
-pub fn layer_cap(compressed: u64, ratio: u64, ceiling: u64) -> u64 {
-    compressed.saturating_mul(ratio).max(RATIO_FLOOR).min(ceiling)
-}
-
-/// A reader that fails once more than `cap` bytes went through it.
-struct Capped<R> {
-    inner: R,
-    read: u64,
-    cap: u64,
-}
-
-impl<R: Read> Read for Capped<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.read += n as u64;
-        if self.read > self.cap {
-            return Err(std::io::Error::other(format!(
-                "the layer decompresses to more than {} bytes: refused as a decompression bomb (the cap is \
-                 min(max(--max-layer-ratio × compressed size, {} MiB), --max-layer-bytes))",
-                self.cap,
-                RATIO_FLOOR >> 20
-            )));
-        }
-        Ok(n)
-    }
-}
-
 /// What one layer pass produced.
 pub struct LayerOutput {
     /// The layer's index.
     pub index: LayerIndex,
     /// Files copied out, by normalised path.
     pub captures: HashMap<String, Capture>,
-}
-
-/// A `Read` over chunks received from the async side; channel closed = end of data.
-pub struct ChannelReader {
-    rx: tokio::sync::mpsc::Receiver<Bytes>,
-    cur: Bytes,
-}
-
-impl ChannelReader {
-    /// Wraps a receiver.
-    pub fn new(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Self {
-        ChannelReader { rx, cur: Bytes::new() }
-    }
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.cur.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(b) => self.cur = b,
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.cur.len());
-        buf[..n].copy_from_slice(&self.cur[..n]);
-        let _ = self.cur.split_to(n);
-        Ok(n)
-    }
 }
 
 fn candidates(job: &LayerJob, index: &LayerIndex, wanted: &[String], visited: &mut HashSet<String>) -> HashSet<String> {
@@ -289,7 +122,7 @@ struct Open {
 
 /// Copies an entry's data into the temporary file for `path` (a new one, or the one an
 /// earlier copy of the same path in this layer used), hashing it. The data is not synced
-/// here: the caller syncs the files it keeps before renaming them ([`sync_file`]).
+/// here: the caller syncs the files it keeps before renaming them ([`super::tempfiles::sync_file`]).
 fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R, size: u64) -> Result<Capture> {
     use std::io::Seek;
     if size > job.max_file_size {
@@ -342,32 +175,6 @@ fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R,
     Ok(Capture { tmp, sha256: hex::encode(hasher.finalize()), size: n_total, streamed })
 }
 
-/// Makes a temporary file's data durable (before it is renamed to its final name).
-pub fn sync_file(dir: &Dir, tmp: &str) -> Result<()> {
-    let f = dir.open(tmp).with_context(|| format!("reopen temporary file {tmp}"))?;
-    f.sync_all().with_context(|| format!("fsync temporary file {tmp}"))
-}
-
-/// The decompressing reader for a layer blob's bytes.
-pub fn decoder<'a, R: Read + 'a>(compression: Compression, reader: R) -> Result<Box<dyn Read + 'a>> {
-    Ok(match compression {
-        Compression::None => Box::new(reader),
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(reader)),
-        Compression::Zstd => {
-            let mut d = zstd::stream::read::Decoder::new(reader).context("zstd decoder")?;
-            // Bounded memory: refuse frames needing a window above 16 MiB.
-            d.window_log_max(24).context("zstd decoder")?;
-            Box::new(d)
-        }
-    })
-}
-
-/// Walks one layer's tar stream from `rx` (runs on a blocking thread).
-pub fn run(job: LayerJob, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Result<LayerOutput> {
-    let decoded = decoder(job.compression, ChannelReader::new(rx))?;
-    run_decompressed(job, decoded)
-}
-
 /// Walks one layer from a `Read` of its decompressed tar bytes.
 pub fn run_decompressed<R: Read>(job: LayerJob, decompressed: R) -> Result<LayerOutput> {
     let mut captures: HashMap<String, Capture> = HashMap::new();
@@ -396,7 +203,7 @@ fn capture<R: Read>(
 }
 
 fn walk<R: Read>(job: &LayerJob, decompressed: R, captures: &mut HashMap<String, Capture>) -> Result<LayerIndex> {
-    let capped = Capped { inner: decompressed, read: 0, cap: job.max_decompressed };
+    let capped = Capped::new(decompressed, job.max_decompressed);
     let mut tar = TarStream::new(capped);
     let mut index = LayerIndex::default();
     let mut visited = HashSet::new();
@@ -480,7 +287,7 @@ fn walk<R: Read>(job: &LayerJob, decompressed: R, captures: &mut HashMap<String,
     // Drain the rest of the stream (end-of-archive padding), still under the cap.
     let mut rest = tar.into_inner();
     if let Err(e) = std::io::copy(&mut rest, &mut std::io::sink()) {
-        if rest.read > rest.cap {
+        if rest.over_cap() {
             return Err(e).context("reading the end of the layer");
         }
         // Garbage after the end of the archive: the blob digest was verified, the tar is complete.
@@ -511,7 +318,7 @@ mod tests {
         }
         tar.extend_from_slice(&[0u8; 1024]);
         let tmp = tempfile::tempdir().expect("tmp");
-        let dir = Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("dir");
+        let dir = cap_std::fs::Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("dir");
         let temps = TempFiles::new(dir, "the test directory");
         let job = LayerJob {
             number: 0,
@@ -531,7 +338,7 @@ mod tests {
         let c = &out.captures["boot/vmlinuz"];
         assert_eq!(std::fs::read(tmp.path().join(&c.tmp)).expect("read"), b"0999");
         assert_eq!(c.size, 4);
-        assert_eq!(temps.counter.load(Ordering::Relaxed), 1, "one temporary file for all copies");
+        assert_eq!(temps.created(), 1, "one temporary file for all copies");
         assert_eq!(std::fs::read_dir(tmp.path()).expect("list").count(), 1);
     }
 }

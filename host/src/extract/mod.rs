@@ -1,8 +1,20 @@
 //! Extraction: a merged view over OCI layers (whiteouts, opaque directories, symlinks
-//! and hardlinks resolved inside the image root) and a streaming per-layer walker.
+//! and hardlinks resolved inside the image root, this file) and the rooms around it:
+//! [`image`] (the algorithm over an image's layers), [`bridge`] (async blob stream to the
+//! blocking walker, digest verified), [`decode`] (compression, decompression-bomb cap),
+//! [`layer`] (the walker), [`tarstream`] (the tar reader), [`tempfiles`] and [`limits`].
 
+pub mod bridge;
+pub mod decode;
+pub mod image;
 pub mod layer;
+pub mod limits;
 pub mod tarstream;
+pub mod tempfiles;
+
+pub use image::{FetchedFile, Wanted, check_dest_name};
+pub use limits::Limits;
+pub use tempfiles::TempFiles;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::Bound;

@@ -2,7 +2,7 @@
 //! them) and the endpoints an image is pulled from, decided as containers/image decides.
 //!
 //! An [`Endpoint`] says where one attempt goes (mirror or source), with what TLS and which
-//! configuration entry decided it; `fetch::Connections::client` gives an authenticated client
+//! configuration entry decided it; a `fetch::Pull` keeps an authenticated client
 //! for it, so later steps (signature checks) can talk to the endpoint the manifest came from.
 
 use std::path::PathBuf;
@@ -11,26 +11,9 @@ use anyhow::{Context, Result};
 
 use super::auth::{AuthLookup, AuthSources};
 use super::certs::{CertSources, HostTls};
+use super::paths;
 use super::registries_conf::RegistriesConf;
 use crate::nodefs::{FilePath, Kind, NodeFs};
-
-/// Node paths read by default, relative to `--root`.
-pub mod paths {
-    /// containers-registries.conf(5).
-    pub const REGISTRIES_CONF: &str = "etc/containers/registries.conf";
-    /// containers-registries.conf.d(5).
-    pub const REGISTRIES_CONF_D: &str = "etc/containers/registries.conf.d";
-    /// containers-certs.d(5), searched first.
-    pub const CERTS_D: &str = "etc/containers/certs.d";
-    /// Docker's per-host certificates, searched second.
-    pub const DOCKER_CERTS_D: &str = "etc/docker/certs.d";
-    /// CA bundle of Fedora/RHEL/CoreOS nodes.
-    pub const CA_BUNDLE_RHEL: &str = "etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem";
-    /// CA bundle of Debian/Ubuntu nodes.
-    pub const CA_BUNDLE_DEBIAN: &str = "etc/ssl/certs/ca-certificates.crt";
-    /// The kubelet's (OpenShift's global) pull secret.
-    pub const PULL_SECRET: &str = "var/lib/kubelet/config.json";
-}
 
 /// Which files to read: the node's beneath `root`, unless a flag names others.
 #[derive(Debug, Clone)]

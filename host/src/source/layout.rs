@@ -7,8 +7,9 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use tokio::io::AsyncReadExt;
 
+use super::image::{Descriptor, MAX_MANIFEST_SIZE, Platform, ResolvedImage};
 use super::manifest::{self, Parsed};
-use super::{Descriptor, MAX_MANIFEST_SIZE, Platform, ResolvedImage, valid_digest};
+use super::reference::valid_digest;
 
 const REF_NAME: &str = "org.opencontainers.image.ref.name";
 const CHUNK: usize = 64 * 1024;

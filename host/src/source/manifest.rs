@@ -3,7 +3,8 @@
 use anyhow::{Context, Result, bail};
 use oci_spec::image::{Descriptor as OciDescriptor, ImageIndex, ImageManifest};
 
-use super::{Descriptor, Platform, valid_digest};
+use super::image::{Descriptor, Platform};
+use super::reference::valid_digest;
 
 /// OCI image manifest media type.
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";

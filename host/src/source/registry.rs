@@ -11,10 +11,12 @@ use futures_util::StreamExt;
 use super::auth::AuthLookup;
 use super::certs::HostTls;
 use super::endpoints::Endpoint;
+use super::http;
+use super::image::{Descriptor, MAX_MANIFEST_SIZE, ResolvedImage};
 use super::manifest::{self, Parsed};
-use super::retry::{Failure, RetryBudget, classify_reqwest, status_failure, with_retry};
+use super::options::RegistryOptions;
+use super::retry::{Failure, RetryBudget, classify_reqwest, status_failure, timed_out, with_retry};
 use super::session::Session;
-use super::{Descriptor, MAX_MANIFEST_SIZE, RegistryOptions, ResolvedImage};
 
 /// What one manifest GET returned.
 struct ManifestResponse {
@@ -30,7 +32,6 @@ struct ManifestResponse {
 pub struct RegistryClient {
     session: Arc<Session>,
     opts: RegistryOptions,
-    budget: Arc<RetryBudget>,
 }
 
 impl RegistryClient {
@@ -44,12 +45,6 @@ impl RegistryClient {
         &self.session.endpoint
     }
 
-    /// The retry budget and the most retries of one request: a mirror gets a few, then the
-    /// next source is tried.
-    fn retries(&self) -> (&RetryBudget, u32) {
-        (&self.budget, retry_limit(self.endpoint()))
-    }
-
     /// Connects to `endpoint` with its TLS material and credentials and authenticates
     /// (pull scope); retries of every request made through this client are taken from `budget`.
     pub async fn connect(
@@ -59,8 +54,8 @@ impl RegistryClient {
         auth: AuthLookup,
         budget: Arc<RetryBudget>,
     ) -> Result<Self> {
-        let session = Session::connect(opts, endpoint, tls, auth, budget.clone()).await?;
-        Ok(RegistryClient { session: Arc::new(session), opts: opts.clone(), budget })
+        let session = Session::connect(opts, endpoint, tls, auth, budget).await?;
+        Ok(RegistryClient { session: Arc::new(session), opts: opts.clone() })
     }
 
     /// Fetches a manifest by tag or digest (capped at [`MAX_MANIFEST_SIZE`], digest-checked when
@@ -140,18 +135,10 @@ impl RegistryClient {
     async fn get_manifest_body(&self, reference: &str, cap: u64, missing_ok: bool) -> Result<Option<ManifestResponse>> {
         let url = self.session.url(&format!("manifests/{reference}"));
         let what = format!("registry {}: manifest {reference}", self.name());
-        with_retry(self.retries(), self.opts.timeout, &what, || async {
-            let resp = self
-                .session
-                .get(&url)
-                .header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "))
-                .send()
-                .await
-                .map_err(classify_reqwest)?;
+        with_retry(self.session.retries(), self.opts.timeout, &what, || async {
+            let rb = self.session.get(&url).header(reqwest::header::ACCEPT, manifest::ACCEPTED.join(", "));
+            let resp = http::send(rb, "manifest").await?;
             let status = resp.status();
-            if super::retry::transient_status(status) {
-                return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}")));
-            }
             match status.as_u16() {
                 200 => {}
                 404 if missing_ok => return Ok(None),
@@ -160,22 +147,9 @@ impl RegistryClient {
                 404 => return Err(Failure::Fatal(anyhow!("manifest unknown (HTTP 404)"))),
                 _ => return Err(Failure::Fatal(anyhow!("unexpected HTTP {status}"))),
             }
-            if let Some(len) = resp.content_length()
-                && len > cap
-            {
-                return Err(Failure::Fatal(anyhow!("manifest is {len} bytes, more than the {cap} byte limit")));
-            }
             let header = |h: &str| resp.headers().get(h).and_then(|v| v.to_str().ok()).map(str::to_string);
             let (content_type, header_digest) = (header("content-type"), header("docker-content-digest"));
-            let mut body = Vec::new();
-            let mut stream = resp.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(classify_reqwest)?;
-                if body.len() as u64 + chunk.len() as u64 > cap {
-                    return Err(Failure::Fatal(anyhow!("manifest is larger than the {cap} byte limit")));
-                }
-                body.extend_from_slice(&chunk);
-            }
+            let body = http::read_capped(resp, cap, "manifest").await?;
             Ok(Some(ManifestResponse { body, content_type, header_digest }))
         })
         .await
@@ -220,11 +194,6 @@ fn content_range_start(h: Option<&str>) -> Option<u64> {
     first.trim().parse().ok()
 }
 
-/// The most retries of one request to `ep`: a mirror gets a few, then the next source is tried.
-pub fn retry_limit(ep: &Endpoint) -> u32 {
-    if ep.mirror { super::retry::MIRROR_RETRIES } else { u32::MAX }
-}
-
 /// A layer blob streamed from a registry; reconnects with a `Range` request after
 /// transient failures (the caller's hash covers every byte exactly once).
 pub struct RegistryBlob {
@@ -250,7 +219,7 @@ impl RegistryBlob {
             if self.offset > 0 {
                 req = req.header(reqwest::header::RANGE, format!("bytes={}-", self.offset));
             }
-            let resp = req.send().await.map_err(classify_reqwest)?;
+            let resp = http::send(req, "blob").await?;
             if resp.status().as_u16() == 401 && !reauthenticated {
                 // An expired token: ask for a new one, once.
                 reauthenticated = session.reauthenticate().await.map_err(Failure::Fatal)?;
@@ -293,10 +262,7 @@ impl RegistryBlob {
                     match tokio::time::timeout(timeout, self.reopen()).await {
                         Ok(r) => r?,
                         Err(_) => {
-                            return Err(Failure::transient(anyhow!(
-                                "timed out: no response within {} s",
-                                timeout.as_secs_f64()
-                            )));
+                            return Err(Failure::transient(timed_out(timeout)));
                         }
                     }
                 }
@@ -304,9 +270,7 @@ impl RegistryBlob {
                     return Err(Failure::Fatal(anyhow!("internal: no stream")));
                 };
                 match tokio::time::timeout(timeout, stream.next()).await {
-                    Err(_) => {
-                        Err(Failure::transient(anyhow!("timed out: stalled, no data for {} s", timeout.as_secs_f64())))
-                    }
+                    Err(_) => Err(Failure::transient(timed_out(timeout))),
                     Ok(None) => Ok(None),
                     Ok(Some(Err(e))) => Err(classify_reqwest(e)),
                     Ok(Some(Ok(mut b))) => {
@@ -328,8 +292,7 @@ impl RegistryBlob {
                     self.failures += 1;
                     self.stream = None;
                     let what = format!("{} at byte {}", self.what(), self.offset);
-                    let (budget, limit) = self.client.retries();
-                    if let Err(spent) = budget.wait(&what, (self.failures, limit), &e, ra).await {
+                    if let Err(spent) = self.client.session.retries().wait(&what, self.failures, &e, ra).await {
                         return Err(e.context(format!("{what}: giving up, {spent}")));
                     }
                 }

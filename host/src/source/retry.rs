@@ -5,7 +5,7 @@
 //! still ends in a clear error.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Result, anyhow};
@@ -143,14 +143,36 @@ impl RetryBudget {
     }
 }
 
-/// Runs `f` with a per-attempt `timeout`, retrying transient failures within `budget`, at
-/// most `limit` times.
-pub async fn with_retry<T, F, Fut>(
-    (budget, limit): (&RetryBudget, u32),
-    timeout: Duration,
-    what: &str,
-    mut f: F,
-) -> Result<T>
+/// The retries allowed to the requests to one endpoint in one pull, built once per
+/// endpoint: the pull's shared budget, and the most retries of one request (a mirror gets
+/// [`MIRROR_RETRIES`], then the next endpoint is tried; a source is bounded by the budget).
+#[derive(Debug, Clone)]
+pub struct Retries {
+    budget: Arc<RetryBudget>,
+    limit: u32,
+}
+
+impl Retries {
+    /// The retries of an endpoint (`mirror` or source) drawing from `budget`.
+    pub fn new(budget: Arc<RetryBudget>, mirror: bool) -> Self {
+        Retries { budget, limit: if mirror { MIRROR_RETRIES } else { u32::MAX } }
+    }
+
+    /// Logs retry `n` of one request and sleeps; `Err` (with the reason) when the budget is
+    /// spent or the request had its retries.
+    pub async fn wait(
+        &self,
+        what: &str,
+        n: u32,
+        e: &anyhow::Error,
+        retry_after: Option<Duration>,
+    ) -> Result<(), String> {
+        self.budget.wait(what, (n, self.limit), e, retry_after).await
+    }
+}
+
+/// Runs `f` with a per-attempt `timeout`, retrying transient failures as `retries` allow.
+pub async fn with_retry<T, F, Fut>(retries: &Retries, timeout: Duration, what: &str, mut f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::result::Result<T, Failure>>,
@@ -159,13 +181,13 @@ where
     loop {
         let res = match tokio::time::timeout(timeout, f()).await {
             Ok(r) => r,
-            Err(_) => Err(Failure::transient(anyhow!("timed out: no response within {} s", timeout.as_secs_f64()))),
+            Err(_) => Err(Failure::transient(timed_out(timeout))),
         };
         match res {
             Ok(v) => return Ok(v),
             Err(Failure::Transient(e, ra)) => {
                 n += 1;
-                if let Err(spent) = budget.wait(what, (n, limit), &e, ra).await {
+                if let Err(spent) = retries.wait(what, n, &e, ra).await {
                     return Err(e.context(format!("{what}: giving up, {spent}")));
                 }
             }
@@ -200,7 +222,13 @@ pub fn status_failure(status: reqwest::StatusCode, headers: &reqwest::header::He
     if transient_status(status) { Failure::Transient(e, retry_after(headers)) } else { Failure::Fatal(e) }
 }
 
+/// The one wording of a registry timeout (no response, or a body that stopped moving).
 pub(crate) const TIMED_OUT: &str = "timed out: no response or progress from the registry";
+
+/// A registry timeout after `timeout` without a response or progress.
+pub fn timed_out(timeout: Duration) -> anyhow::Error {
+    anyhow!("{TIMED_OUT} for {} s", timeout.as_secs_f64())
+}
 
 /// True when the error chain holds a TLS failure (rustls reports handshake garbage from a
 /// plain-HTTP server and untrusted certificates as `InvalidData`): retrying cannot help.

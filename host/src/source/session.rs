@@ -6,13 +6,13 @@ use std::sync::{Arc, RwLock};
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use super::RegistryOptions;
 use super::auth::AuthLookup;
 use super::certs::HostTls;
 use super::endpoints::Endpoint;
+use super::http;
+use super::options::RegistryOptions;
 use super::reference::DOCKER_HUB;
-use super::registry::retry_limit;
-use super::retry::{Failure, RetryBudget, classify_reqwest, status_failure, with_retry};
+use super::retry::{Failure, Retries, RetryBudget, classify_reqwest, status_failure, timed_out, with_retry};
 
 /// How requests are authorised.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,8 +33,11 @@ pub struct Session {
     scheme: Scheme,
     bearer: RwLock<Option<String>>,
     opts: RegistryOptions,
-    budget: Arc<RetryBudget>,
+    retries: Retries,
 }
+
+/// Largest token endpoint response read.
+const MAX_TOKEN_RESPONSE: u64 = 1 << 20;
 
 fn build_client(opts: &RegistryOptions, tls: &HostTls, skip_verify: bool, what: &str) -> Result<reqwest::Client> {
     let mut b = reqwest::Client::builder()
@@ -140,7 +143,7 @@ impl Session {
         budget: Arc<RetryBudget>,
     ) -> Result<Self> {
         let what = format!("registry {}", endpoint.name());
-        let retries = (budget.as_ref(), retry_limit(endpoint));
+        let retries = Retries::new(budget, endpoint.mirror);
         let host = api_host(&endpoint.host);
         let verified = build_client(opts, tls, endpoint.insecure, &what)?;
         let https = format!("https://{host}");
@@ -160,7 +163,7 @@ impl Session {
             let first = match tokio::time::timeout(opts.timeout, ping_once(&verified, &https)).await {
                 Ok(Ok(r)) => Ok(r),
                 Ok(Err(f)) => Err(f.into_inner()),
-                Err(_) => Err(anyhow!("timed out after {} s", opts.timeout.as_secs_f64())),
+                Err(_) => Err(timed_out(opts.timeout)),
             };
             match first {
                 Ok(r) => (verified, https, r),
@@ -171,7 +174,7 @@ impl Session {
                     // to HTTPS blob storage included. Loading the system roots for a second
                     // client would cost ~10-20 ms on every pull.
                     let base = format!("http://{host}");
-                    let r = with_retry(retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
+                    let r = with_retry(&retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
                         ping_once(&verified, &base)
                     })
                     .await
@@ -180,7 +183,7 @@ impl Session {
                 }
             }
         } else {
-            let r = with_retry(retries, opts.timeout, &format!("{what}: ping {https}/v2/"), || {
+            let r = with_retry(&retries, opts.timeout, &format!("{what}: ping {https}/v2/"), || {
                 ping_once(&verified, &https)
             })
             .await?;
@@ -199,7 +202,7 @@ impl Session {
             scheme,
             bearer: RwLock::new(None),
             opts: opts.clone(),
-            budget: budget.clone(),
+            retries,
         };
         me.authenticate().await?;
         Ok(me)
@@ -233,19 +236,14 @@ impl Session {
 
     async fn authenticate(&self) -> Result<()> {
         let what = format!("registry {}: authentication", self.name());
-        let retries = (self.budget.as_ref(), retry_limit(&self.endpoint));
+        let retries = &self.retries;
         match &self.scheme {
             Scheme::None => Ok(()),
             Scheme::Basic => {
                 // Check the credentials now, for a clear error.
                 let url = format!("{}/v2/", self.base);
                 let status = with_retry(retries, self.opts.timeout, &what, || async {
-                    let resp = self.authorize(self.http.get(&url)).send().await.map_err(classify_reqwest)?;
-                    let status = resp.status();
-                    if super::retry::transient_status(status) {
-                        return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}")));
-                    }
-                    Ok(status.as_u16())
+                    Ok(http::send(self.authorize(self.http.get(&url)), "credentials check").await?.status().as_u16())
                 })
                 .await?;
                 if status == 401 {
@@ -268,21 +266,15 @@ impl Session {
                     if let Some(c) = &self.auth.creds {
                         rb = rb.basic_auth(&c.username, Some(&c.password));
                     }
-                    let resp = rb.send().await.map_err(classify_reqwest)?;
+                    let resp = http::send(rb, "token endpoint").await?;
                     let status = resp.status();
-                    if super::retry::transient_status(status) {
-                        return Err(status_failure(status, resp.headers(), anyhow!("token endpoint: HTTP {status}")));
-                    }
                     if status.as_u16() == 401 || status.as_u16() == 403 {
                         return Err(Failure::Fatal(self.unauthorized()));
                     }
                     if !status.is_success() {
                         return Err(Failure::Fatal(anyhow!("token endpoint: unexpected HTTP {status}")));
                     }
-                    let body = resp.bytes().await.map_err(classify_reqwest)?;
-                    if body.len() > 1 << 20 {
-                        return Err(Failure::Fatal(anyhow!("token endpoint: response larger than 1 MiB")));
-                    }
+                    let body = http::read_capped(resp, MAX_TOKEN_RESPONSE, "token endpoint response").await?;
                     let v: serde_json::Value = serde_json::from_slice(&body)
                         .map_err(|e| Failure::Fatal(anyhow!("token endpoint: response is not JSON: {e}")))?;
                     let t = v
@@ -329,6 +321,11 @@ impl Session {
     /// `base/v2/<repository>/<rest>`.
     pub fn url(&self, rest: &str) -> String {
         format!("{}/v2/{}/{rest}", self.base, self.endpoint.repository)
+    }
+
+    /// The retries of requests to this endpoint (built once, at connect).
+    pub fn retries(&self) -> &Retries {
+        &self.retries
     }
 
     /// The HTTP client (this endpoint's TLS settings).

@@ -14,15 +14,16 @@ pub mod registries_d;
 pub mod sigstore;
 pub mod simple_signing;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
-use serde::{Deserialize, Serialize};
 
 use crate::nodefs::{FilePath, MAX_CONFIG_FILE, NodeFs};
+use crate::source::http;
 use crate::source::registry::RegistryClient;
 use crate::source::{Descriptor, ImageRef};
+pub use crate::state::{TrustDecision, TrustRecord};
 use policy_json::{KeySource, Policy, Requirement, docker_namespaces, oci_namespaces};
 use reference::DockerRef;
 use registries_d::RegistriesD;
@@ -37,48 +38,20 @@ pub const DEFAULT_LOOKASIDE: &str = "/var/lib/containers/sigstore";
 const MAX_LOOKASIDE_SIGNATURES: usize = 128;
 
 /// Where the trust configuration comes from.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct TrustOptions {
     /// `--signature-policy FILE` (a path on the runner's filesystem); else the node's default.
     pub signature_policy: Option<PathBuf>,
     /// `--registries-d DIR`; else the node's default.
     pub registries_d: Option<PathBuf>,
-    /// The node root (`--root`); `None` means `/`. Key paths, `file://` lookasides and the
+    /// The node root (`--root`, `/` by default). Key paths, `file://` lookasides and the
     /// default files are node paths beneath it.
-    pub root: Option<PathBuf>,
+    pub root: PathBuf,
 }
 
-/// The trust decision recorded in the state, `status` and the logs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TrustRecord {
-    /// `accepted` (the policy accepted the image) or `unchecked` (no policy file on the node).
-    pub decision: String,
-    /// The policy file that decided.
-    pub policy_file: String,
-    /// The scope that decided (`transports.docker."quay.io/org"`, `default`).
-    pub scope: String,
-    /// The requirement types of that scope, `+`-joined (`signedBy`, `insecureAcceptAnything`).
-    pub requirement: String,
-    /// The identity a verified signature claims, if a signature was required.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub identity: Option<String>,
-    /// The key that made it (OpenPGP fingerprint, or sha256 of the sigstore public key).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-}
-
-impl TrustRecord {
-    /// One line for `status` and logs.
-    pub fn summary(&self) -> String {
-        let mut s = format!("{} by {} ({}: {})", self.decision, self.policy_file, self.scope, self.requirement);
-        if let Some(i) = &self.identity {
-            s.push_str(&format!(", identity {i}"));
-        }
-        if let Some(k) = &self.key {
-            s.push_str(&format!(", key {k}"));
-        }
-        s
+impl Default for TrustOptions {
+    fn default() -> Self {
+        TrustOptions { signature_policy: None, registries_d: None, root: PathBuf::from("/") }
     }
 }
 
@@ -93,7 +66,7 @@ pub enum Origin<'a> {
 static WARNED_NO_POLICY: AtomicBool = AtomicBool::new(false);
 
 fn open_root(opts: &TrustOptions) -> Result<NodeFs> {
-    NodeFs::open(opts.root.as_deref().unwrap_or(Path::new("/")))
+    NodeFs::open(&opts.root)
 }
 
 /// Reads a node file beneath the root (`None` when it does not exist).
@@ -197,7 +170,7 @@ pub fn gate(opts: &TrustOptions, image: &ImageRef) -> Result<Gate> {
     }
     if reqs.iter().all(|r| *r == Requirement::InsecureAcceptAnything) {
         let record = TrustRecord {
-            decision: "accepted".into(),
+            decision: TrustDecision::Accepted,
             policy_file: loaded.file,
             scope: scope_name(subj.transport, &scope),
             requirement: names(reqs),
@@ -219,7 +192,7 @@ pub fn gate(opts: &TrustOptions, image: &ImageRef) -> Result<Gate> {
 
 fn unchecked() -> TrustRecord {
     TrustRecord {
-        decision: "unchecked".into(),
+        decision: TrustDecision::Unchecked,
         policy_file: format!("{DEFAULT_POLICY} (absent)"),
         scope: "none".into(),
         requirement: "none".into(),
@@ -256,7 +229,7 @@ async fn check_inner(opts: &TrustOptions, image: &ImageRef, digest: &str, origin
     let scope_desc = scope_name(subj.transport, &scope);
     let mut sigs = Signatures { simple: None, sigstore: None };
     let mut record = TrustRecord {
-        decision: "accepted".into(),
+        decision: TrustDecision::Accepted,
         policy_file: loaded.file.clone(),
         scope: scope_desc.clone(),
         requirement: names(reqs),
@@ -501,20 +474,17 @@ fn simple_signature_blob(blob: &[u8]) -> Result<Option<Vec<u8>>> {
 }
 
 async fn http_signature(client: &RegistryClient, url: &str) -> Result<Option<Vec<u8>>> {
-    let resp = client.http_client().get(url).send().await.with_context(|| format!("reading signature {url}"))?;
+    let what = format!("signature {url}");
+    let resp = http::send(client.http_client().get(url), &what)
+        .await
+        .map_err(|f| f.into_inner().context(format!("reading {what}")))?;
     match resp.status().as_u16() {
         200 => {}
         404 => return Ok(None),
         s => bail!("reading signature {url}: HTTP {s}"),
     }
-    if resp.content_length().is_some_and(|l| l > sigstore::MAX_SIGNATURE_SIZE) {
-        bail!("signature {url} is larger than {} bytes", sigstore::MAX_SIGNATURE_SIZE);
-    }
-    let body = resp.bytes().await.with_context(|| format!("reading signature {url}"))?;
-    if body.len() as u64 > sigstore::MAX_SIGNATURE_SIZE {
-        bail!("signature {url} is larger than {} bytes", sigstore::MAX_SIGNATURE_SIZE);
-    }
-    Ok(Some(body.to_vec()))
+    let body = http::read_capped(resp, sigstore::MAX_SIGNATURE_SIZE, &what).await.map_err(|f| f.into_inner())?;
+    Ok(Some(body))
 }
 
 /// Reads sigstore attachments from the endpoint the image came from, when registries.d

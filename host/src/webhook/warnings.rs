@@ -2,7 +2,7 @@
 //! version, files, drop-in keys) as printable one-liners within the API server's limits.
 
 use crate::policy::Provider;
-use crate::preview::{self, Preview};
+use crate::preview::Preview;
 
 /// Kubernetes recommends at most 120 characters per admission warning.
 pub const MAX_WARNING_CHARS: usize = 120;
@@ -52,7 +52,7 @@ pub fn preview_warnings(p: &Preview) -> Vec<String> {
         format!("kata-addons: image {}", plan.image),
         format!(
             "kata-addons: provider {}: {} boots it (drop-in in [{}])",
-            preview::provider_name(plan.provider),
+            plan.provider,
             runtime_name(plan.provider),
             kata_addons_facts::HYPERVISOR_TABLE
         ),
@@ -60,7 +60,7 @@ pub fn preview_warnings(p: &Preview) -> Vec<String> {
     ];
     for a in &plan.artifacts {
         let sha = a.sha256.as_deref().map(|s| format!(", sha256 {s}")).unwrap_or_default();
-        lines.push(format!("kata-addons: {} {} from the image{sha}", preview::kind_name(a.kind), a.source));
+        lines.push(format!("kata-addons: {} {} from the image{sha}", a.kind, a.source));
     }
     let mut sets = Vec::new();
     // Every runtime configuration gets the same text: the first one shows what is set.

@@ -1,6 +1,14 @@
-//! Command-line interface (clap). The contract is DESIGN.md §5.
+//! The command layer: the command line (clap types, the contract of DESIGN.md §5), its
+//! conversion into domain options with every flag range check ([`options`]), and the
+//! commands themselves ([`commands`]). Nothing below this layer names a clap type.
 
+mod commands;
+mod options;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
+
+pub use commands::run;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -336,11 +344,11 @@ pub enum Watch {
 pub struct WebhookArgs {
     /// Address and port to serve HTTPS on.
     #[arg(long, value_name = "ADDR:PORT")]
-    pub listen: std::net::SocketAddr,
+    pub listen: SocketAddr,
     /// Also serve `/healthz` and `/readyz` over plain HTTP here, with connection slots of
     /// their own, so that the probes answer however busy the HTTPS port is.
     #[arg(long, value_name = "ADDR:PORT")]
-    pub probe_listen: Option<std::net::SocketAddr>,
+    pub probe_listen: Option<SocketAddr>,
     /// Server certificate chain (PEM), re-read when it changes.
     #[arg(long, value_name = "FILE")]
     pub tls_cert: PathBuf,
@@ -378,42 +386,4 @@ pub struct WebhookArgs {
     /// declared length, or 3 MiB, before it is read; beyond this reviews wait, then get 503).
     #[arg(long, value_name = "MIB", default_value_t = 32)]
     pub body_budget: usize,
-}
-
-/// A number of seconds within `min..=max`.
-fn seconds(name: &str, v: f64, min: f64, max: f64) -> anyhow::Result<std::time::Duration> {
-    if !(v.is_finite() && v >= min && v <= max) {
-        anyhow::bail!("--{name} must be between {min} and {max} seconds, got {v}");
-    }
-    Ok(std::time::Duration::from_secs_f64(v))
-}
-
-/// A count within `min..=max`.
-fn count(name: &str, v: usize, min: usize, max: usize) -> anyhow::Result<usize> {
-    if !(min..=max).contains(&v) {
-        anyhow::bail!("--{name} must be between {min} and {max}, got {v}");
-    }
-    Ok(v)
-}
-
-impl WebhookArgs {
-    /// The webhook's options, every value checked against its range.
-    pub fn options(&self) -> anyhow::Result<crate::webhook::Options> {
-        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get()).min(4);
-        Ok(crate::webhook::Options {
-            listen: self.listen,
-            probe_listen: self.probe_listen,
-            tls_cert: self.tls_cert.clone(),
-            tls_key: self.tls_key.clone(),
-            concurrency: count("concurrency", self.concurrency.unwrap_or(cpus), 1, 4)?,
-            review_timeout: seconds("review-timeout", self.review_timeout, 0.01, 30.0)?,
-            cert_poll: seconds("cert-poll-interval", self.cert_poll_interval, 0.05, 3600.0)?,
-            shutdown_delay: seconds("shutdown-delay", self.shutdown_delay, 0.0, 300.0)?,
-            shutdown_timeout: seconds("shutdown-timeout", self.shutdown_timeout, 0.0, 300.0)?,
-            idle_timeout: seconds("idle-timeout", self.idle_timeout, 0.1, 3600.0)?,
-            max_connections: count("max-connections", self.max_connections, 1, 65536)?,
-            max_connections_per_ip: count("max-connections-per-ip", self.max_connections_per_ip, 1, 65536)?,
-            body_budget: count("body-budget", self.body_budget, 3, 1024)? << 20,
-        })
-    }
 }

@@ -1,0 +1,234 @@
+//! The commands: each converts its arguments once ([`super::options`]), calls the domain
+//! modules and prints what they did.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use cap_std::fs::Dir;
+
+use super::options::DaemonFlags;
+use super::{Cli, Command, PolicyCommand, StatusFormat};
+use crate::configmap::Input;
+use crate::fetch::{self, PullOptions, Wanted};
+use crate::install::{self, Outcome};
+use crate::source::ImageRef;
+use crate::{GUEST_WASM, daemon, preview, webhook};
+
+/// Runs one command; the exit code for success paths, an error otherwise.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    let g = cli.global;
+    match cli.command {
+        Command::Preview { config, output, root, layout } => {
+            let input = Input::load(&config.source())?;
+            let policy = g.load_policy()?;
+            let p = preview::compute_on(&policy, &input, &root, &layout.selection())?;
+            let stdout = std::io::stdout();
+            preview::print(&p, output.format(), &mut stdout.lock())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy { command: PolicyCommand::Export { file } } => {
+            let bytes = match &g.policy_component {
+                Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+                None => GUEST_WASM.to_vec(),
+            };
+            std::fs::write(&file, &bytes).with_context(|| format!("writing {}", file.display()))?;
+            eprintln!("wrote {} ({} bytes)", file.display(), bytes.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Fetch { image, paths, dest, registry, root } => {
+            let pull = registry.pull_options(&root)?;
+            runtime()?.block_on(fetch_command(&pull, &image, &paths, &dest))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Install { config, registry, node, layout } => {
+            let pull = registry.pull_options(&node.root)?;
+            let input = Input::load(&config.source())?;
+            let policy = g.load_policy()?;
+            let selection = layout.selection();
+            let (_, plan) = preview::plan_for(&policy, &input, &selection.kata_prefix)?;
+            let outcome = runtime()?.block_on(install::install(
+                &policy,
+                &plan,
+                &pull,
+                &node.site(),
+                &selection,
+                install::Pin::Reference,
+            ))?;
+            print_install(&outcome);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Uninstall { node, layout } => {
+            let done = install::uninstall(&node.site(), &layout.checked_selection()?)?;
+            print_uninstall(&done);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { node, output } => {
+            let st = install::status(&node.site())?;
+            print_status(&st, output)?;
+            Ok(ExitCode::from(st.exit_code()))
+        }
+        Command::Webhook(args) => {
+            let options = args.options()?;
+            let policy = g.load_policy()?;
+            runtime()?.block_on(webhook::serve(&options, policy))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Daemon {
+            action,
+            config,
+            registry,
+            node,
+            ready_file,
+            poll_interval,
+            start_jitter,
+            layout,
+            resync,
+            watch,
+        } => {
+            let options = DaemonFlags {
+                action,
+                config: &config,
+                registry: &registry,
+                node: &node,
+                layout: &layout,
+                ready_file: &ready_file,
+                poll_interval,
+                start_jitter,
+                resync,
+                watch,
+            }
+            .options()?;
+            let policy = g.load_policy()?;
+            runtime()?.block_on(daemon::Daemon::new(options).run(&policy))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The async runtime for network commands.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// `kata-addons fetch`: fetch the paths into `dest` (created if missing) and print
+/// each file with its sha256 and size.
+async fn fetch_command(pull: &PullOptions, image: &str, paths: &[String], dest: &Path) -> Result<()> {
+    let image = ImageRef::parse(image)?;
+    std::fs::create_dir_all(dest).with_context(|| format!("create {}", dest.display()))?;
+    let dir = Dir::open_ambient_dir(dest, cap_std::ambient_authority())
+        .with_context(|| format!("open {}", dest.display()))?;
+    let mut wanted = Vec::new();
+    let mut seen = HashSet::new();
+    for p in paths {
+        let base = p.rsplit('/').next().unwrap_or_default().to_string();
+        if !seen.insert(base.clone()) {
+            bail!("two paths have the same file name {base:?}; fetch them separately");
+        }
+        wanted.push(Wanted { path: p.clone(), dest_name: base, verity: None });
+    }
+    let place = dest.display().to_string();
+    let report = fetch::Pull::new(pull).files(&image, &wanted, &dir, &place).await?;
+    println!("image {image}");
+    println!("manifest {}", report.manifest_digest);
+    println!("trust {}", report.trust.summary());
+    println!("layers read {} of {}", report.layers_read.len(), report.layer_count);
+    for f in &report.files {
+        println!("{}  {}  {}  {}", f.sha256, f.size, dest.join(&f.dest_name).display(), f.path);
+    }
+    Ok(())
+}
+
+fn print_install(outcome: &Outcome) {
+    match outcome {
+        Outcome::UpToDate(st) => println!("up to date: {} {} ({})", st.image, st.version, st.manifest_digest),
+        Outcome::Repaired(st, what) => {
+            println!("repaired: {} {} ({})", st.image, st.version, st.manifest_digest);
+            for w in what {
+                println!("  {w}");
+            }
+        }
+        Outcome::Installed(st) => {
+            println!("installed {} {} ({})", st.image, st.version, st.manifest_digest);
+            for f in &st.files {
+                println!("  {:<7} {}  sha256 {}", f.kind, f.path, f.sha256);
+            }
+            for d in &st.drop_ins {
+                println!("  drop-in {}", d.path);
+            }
+            if let Some(t) = &st.trust {
+                println!("  trust   {}", t.summary());
+            }
+        }
+    }
+}
+
+fn print_uninstall(done: &install::Uninstalled) {
+    match &done.state {
+        _ if done.nothing() => println!("nothing installed"),
+        Some(st) => println!("uninstalled {} {}", st.image, st.version),
+        None => println!("no state recorded an install; removed what kata-addons had left on the node"),
+    }
+    if !done.nothing() {
+        for d in &done.drop_ins {
+            println!("  removed drop-in {d}");
+        }
+        for d in &done.dirs {
+            println!("  removed version directory {}/{d}", kata_addons_facts::INSTALL_DIR);
+        }
+        for l in &done.leftovers {
+            println!("  removed leftover {l}");
+        }
+    }
+    for p in &done.left_alone {
+        println!("  left alone (not kata-addons' to remove; see the warnings): {p}");
+    }
+}
+
+fn print_status(st: &install::Status, output: StatusFormat) -> Result<()> {
+    match output {
+        StatusFormat::Json => {
+            let mut v = serde_json::to_value(st).context("serialising status")?;
+            v["healthy"] = serde_json::Value::Bool(st.exit_code() == 0);
+            println!("{}", serde_json::to_string_pretty(&v).context("serialising status")?);
+        }
+        StatusFormat::Text => match &st.state {
+            None => println!("nothing installed"),
+            Some(s) => {
+                println!("installed: {} {} ({}) for provider {}", s.image, s.version, s.manifest_digest, s.provider);
+                for f in &s.files {
+                    println!("  {:<7} {}", f.kind, f.path);
+                }
+                for d in &s.drop_ins {
+                    println!("  drop-in {}  (for {})", d.path, d.runtime_config);
+                }
+                if let Some(t) = &s.trust {
+                    println!("  trust   {}", t.summary());
+                }
+                for e in &st.effective {
+                    println!("  effective [{}] of {}:", e.table, e.runtime_config);
+                    for (k, v) in [("kernel", &e.kernel), ("initrd", &e.initrd), ("image", &e.image)] {
+                        match v {
+                            Some(v) => println!("    {k:<6} = {:?}  (from {})", v.value, v.from),
+                            None => println!("    {k:<6}   (not set)"),
+                        }
+                    }
+                }
+                if st.problems.is_empty() {
+                    println!("healthy: every file and the drop-in match the state");
+                } else {
+                    println!("DRIFTED:");
+                    for p in &st.problems {
+                        println!("  {p}");
+                    }
+                }
+            }
+        },
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! The extraction of wanted files from an image's layers: stream each layer top first
+//! through the walker ([`super::layer`]) while its digest is verified, stop as soon as
+//! every wanted path is decided, read a layer again only for a file the first pass did not
+//! copy, then hand the files out (fsync, mode 0644, rename) once every layer read verified.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use anyhow::{Context, Result, bail};
+use cap_std::fs::Dir;
+
+use super::bridge::{Pass, read_layer};
+use super::decode::Compression;
+use super::layer::{Capture, Mode};
+use super::tempfiles::{TMP_PREFIX, TempFiles, sync_file};
+use super::{IndexBudget, LayerIndex, Limits, Resolution, View};
+use crate::source::blob::BlobSource;
+use crate::source::{Descriptor, ResolvedImage};
+
+/// One file to take out of the image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// Absolute, normalised path inside the image.
+    pub path: String,
+    /// File name to write in the destination directory (no `/`).
+    pub dest_name: String,
+    /// dm-verity parameters known before the fetch (a measured image or extension): the
+    /// tree is then computed while the file streams in ([`FetchedFile::streamed`]).
+    pub verity: Option<crate::verity::Params>,
+}
+
+/// One file written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedFile {
+    /// Path inside the image, as asked.
+    pub path: String,
+    /// Name written in the destination directory.
+    pub dest_name: String,
+    /// sha256 of the content (64 lowercase hex).
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The dm-verity tree computed while the file streamed in, when [`Wanted::verity`] was given.
+    pub streamed: Option<crate::verity::Streamed>,
+}
+
+/// What an extraction wrote and read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extracted {
+    /// The files, in the order asked.
+    pub files: Vec<FetchedFile>,
+    /// Digests of the layer blobs read (a layer read twice appears twice).
+    pub layers_read: Vec<String>,
+}
+
+/// Refuses a destination name that is not a plain file name, or one the extraction's own
+/// temporary files could take.
+pub fn check_dest_name(n: &str) -> Result<()> {
+    if !crate::policy::is_plain_file_name(n) || n.starts_with(TMP_PREFIX) {
+        bail!("invalid destination file name {n:?}");
+    }
+    Ok(())
+}
+
+/// Extracts `wanted` (whose normalised paths are `paths`) from the layers of `resolved`.
+pub async fn extract(
+    limits: &Limits,
+    source: &BlobSource,
+    resolved: &ResolvedImage,
+    paths: &[String],
+    wanted: &[Wanted],
+    temps: &TempFiles,
+) -> Result<Extracted> {
+    // Refuse unknown media types before reading anything.
+    for l in &resolved.layers {
+        Compression::from_media_type(&l.media_type).with_context(|| format!("layer {}", l.digest))?;
+    }
+    let n = resolved.layers.len();
+    if n > limits.max_layers {
+        bail!(
+            "{}: the image has {n} layers, more than the limit of {} (--max-layers)",
+            resolved.origin,
+            limits.max_layers
+        );
+    }
+    let top_first: Vec<&Descriptor> = resolved.layers.iter().rev().collect();
+    let pass = Pass {
+        limits,
+        source,
+        temps,
+        total: Arc::new(AtomicU64::new(0)),
+        budget: Arc::new(IndexBudget::new(limits.max_index_entries, limits.max_index_bytes)),
+        streams: Arc::new(
+            paths.iter().zip(wanted).filter_map(|(p, w)| w.verity.clone().map(|v| (p.clone(), v))).collect(),
+        ),
+    };
+    let mut indexes: Vec<Arc<LayerIndex>> = Vec::new();
+    let mut captures: HashMap<(usize, String), Capture> = HashMap::new();
+    let mut layers_read = Vec::new();
+    let mut results: Vec<Resolution> = Vec::new();
+    for (k, desc) in top_first.iter().enumerate() {
+        let out = read_layer(&pass, desc, k, indexes.clone(), Mode::Discover(paths.to_vec())).await?;
+        layers_read.push(desc.digest.clone());
+        tracing::debug!("layer {k} {}: {} entries", desc.digest, out.index.len());
+        indexes.push(Arc::new(out.index));
+        for (p, c) in out.captures {
+            captures.insert((k, p), c);
+        }
+        let view = View { layers: indexes.iter().map(|a| a.as_ref()).collect(), all_read: k + 1 == n };
+        results = paths.iter().map(|p| view.resolve(p)).collect();
+        if results.iter().all(|r| !matches!(r, Resolution::Unknown { .. })) {
+            break;
+        }
+    }
+    // Every wanted path is decided.
+    let mut missing = Vec::new();
+    let mut targets = Vec::new();
+    for (w, r) in wanted.iter().zip(&results) {
+        match r {
+            Resolution::File { layer, path, .. } => targets.push((*layer, path.clone())),
+            Resolution::Missing(why) => missing.push(format!("{}: {why}", w.path)),
+            Resolution::Unknown { .. } => missing.push(format!("{}: undecided", w.path)),
+        }
+    }
+    if !missing.is_empty() {
+        bail!("{}: not a regular file in the image: {}", resolved.origin, missing.join("; "));
+    }
+    // Second pass over layers whose needed file was not copied in the first pass.
+    let mut reread: HashMap<usize, HashSet<String>> = HashMap::new();
+    for (layer, path) in &targets {
+        if !captures.contains_key(&(*layer, path.clone())) {
+            reread.entry(*layer).or_default().insert(path.clone());
+        }
+    }
+    let mut keys: Vec<usize> = reread.keys().copied().collect();
+    keys.sort();
+    for k in keys {
+        let set = reread.remove(&k).unwrap_or_default();
+        let desc = top_first[k];
+        tracing::debug!("reading layer {} again for {:?}", desc.digest, set);
+        let out = read_layer(&pass, desc, k, indexes[..k].to_vec(), Mode::Exact(set)).await?;
+        layers_read.push(desc.digest.clone());
+        for (p, c) in out.captures {
+            if let Some(old) = captures.insert((k, p), c) {
+                temps.remove(&old.tmp);
+            }
+        }
+    }
+    // Every layer read was verified: hand the files out.
+    let dir = temps.dir();
+    let mut sum = 0u64;
+    let mut files = Vec::new();
+    let mut placed: HashMap<String, String> = HashMap::new(); // tmp -> dest name
+    for (w, (layer, path)) in wanted.iter().zip(&targets) {
+        let c = captures
+            .get(&(*layer, path.clone()))
+            .with_context(|| format!("{}: /{path} was not captured from layer {layer}", w.path))?;
+        sum += c.size;
+        if sum > limits.max_total_size {
+            bail!("the files exceed the total limit of {} bytes", limits.max_total_size);
+        }
+        let tmp = match placed.get(&c.tmp) {
+            None => {
+                sync_file(dir, &c.tmp)?;
+                c.tmp.clone()
+            }
+            Some(first) => copy_within(temps, first, &w.dest_name)?,
+        };
+        set_mode_0644(dir, &tmp)?;
+        dir.rename(&tmp, dir, &w.dest_name)
+            .with_context(|| format!("rename {tmp} to {} in the destination", w.dest_name))?;
+        temps.keep(&tmp);
+        placed.insert(c.tmp.clone(), w.dest_name.clone());
+        files.push(FetchedFile {
+            path: w.path.clone(),
+            dest_name: w.dest_name.clone(),
+            sha256: c.sha256.clone(),
+            size: c.size,
+            streamed: c.streamed.clone(),
+        });
+    }
+    sync_dir(dir)?;
+    Ok(Extracted { files, layers_read })
+}
+
+fn copy_within(temps: &TempFiles, from: &str, to: &str) -> Result<String> {
+    let dir = temps.dir();
+    let mut src = dir.open(from).with_context(|| format!("reopen {from} in the destination"))?;
+    let size = src.metadata().with_context(|| format!("inspecting {from} in the destination"))?.len();
+    temps.check_space(to, size)?;
+    let (tmp, mut dst) = temps.create()?;
+    std::io::copy(&mut src, &mut dst).with_context(|| format!("copy {from} for {to}"))?;
+    dst.sync_all().with_context(|| format!("fsync {tmp}"))?;
+    Ok(tmp)
+}
+
+fn set_mode_0644(dir: &Dir, name: &str) -> Result<()> {
+    use cap_std::fs::PermissionsExt;
+    dir.set_permissions(name, cap_std::fs::Permissions::from_mode(0o644)).with_context(|| format!("chmod 0644 {name}"))
+}
+
+fn sync_dir(dir: &Dir) -> Result<()> {
+    crate::node::fsync_dir(dir).context("fsync of the destination directory")
+}

@@ -1,0 +1,159 @@
+//! `status`: the node verified against the state, and the boot paths Kata will use.
+
+use std::io::ErrorKind;
+
+use anyhow::{Context, Result};
+
+use super::discovery::open_addons;
+use crate::node::{self, Root, Site};
+use crate::runtime;
+use crate::state::{self, DropInRecord, State};
+
+/// Result of `status`.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    /// The recorded state, if any.
+    pub state: Option<State>,
+    /// One line per mismatch between the node and the state.
+    pub problems: Vec<String>,
+    /// The boot paths Kata will use, per recorded runtime configuration, after merging
+    /// the main file and every `config.d` fragment in order.
+    pub effective: Vec<Effective>,
+}
+
+/// The effective boot paths of one runtime configuration.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Effective {
+    /// Node path of the resolved runtime configuration.
+    pub runtime_config: String,
+    /// The hypervisor table our drop-in sets keys in (e.g. `hypervisor.qemu`).
+    pub table: String,
+    /// Effective `kernel`, with the fragment that set it.
+    pub kernel: Option<runtime::Setting>,
+    /// Effective `initrd`.
+    pub initrd: Option<runtime::Setting>,
+    /// Effective `image`.
+    pub image: Option<runtime::Setting>,
+}
+
+/// Merges every fragment of one recorded runtime configuration; reports fragments Kata
+/// cannot load and every key of our drop-in that a later fragment overrides.
+fn check_effective(
+    root: &Root,
+    d: &DropInRecord,
+    installed: &[String],
+    problems: &mut Vec<String>,
+) -> Result<Option<Effective>> {
+    let rc_rel = node::rel_path(&d.runtime_config);
+    match root.dir().metadata(&rc_rel) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => {
+            problems.push(format!("{}: not a regular file", d.runtime_config));
+            return Ok(None);
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            problems.push(format!(
+                "{}: the runtime configuration is gone (Kata uninstalled?); its drop-in is restored when it returns",
+                d.runtime_config
+            ));
+            return Ok(None);
+        }
+        Err(e) => return Err(e).with_context(|| format!("inspecting {}", d.runtime_config)),
+    }
+    let fragments = runtime::fragments(root, &rc_rel)?;
+    for f in &fragments {
+        if let Err(why) = &f.table {
+            problems.push(format!("{}: {why}", f.path));
+        }
+    }
+    let ours = fragments.iter().find(|f| f.path == d.path).and_then(|f| f.table.as_ref().ok());
+    let mut table = vec!["hypervisor".to_string(), "qemu".to_string()];
+    if let Some(ours) = ours {
+        let leaves = runtime::leaves(ours);
+        if let Some((k, _)) = leaves.first() {
+            table = k[..k.len().saturating_sub(1)].to_vec();
+        }
+        for (key, _) in &leaves {
+            let key_ref: Vec<&str> = key.iter().map(String::as_str).collect();
+            if let Some(eff) = runtime::effective(&fragments, &key_ref)
+                && eff.from != d.path
+            {
+                problems.push(format!(
+                    "{}: {} is {:?}, set by {} which Kata reads after {}",
+                    d.runtime_config,
+                    key.join("."),
+                    eff.value,
+                    eff.from,
+                    d.path
+                ));
+            }
+        }
+    }
+    let table_ref: Vec<&str> = table.iter().map(String::as_str).collect();
+    problems.extend(crate::runtime_facts::stale_extensions(&fragments, &d.path, &table_ref, installed));
+    let get = |k: &str| {
+        let mut path: Vec<&str> = table.iter().map(String::as_str).collect();
+        path.push(k);
+        runtime::effective(&fragments, &path)
+    };
+    Ok(Some(Effective {
+        runtime_config: d.runtime_config.clone(),
+        table: table.join("."),
+        kernel: get("kernel"),
+        initrd: get("initrd"),
+        image: get("image"),
+    }))
+}
+
+impl Status {
+    /// Exit code per DESIGN §5: 0 healthy, 3 nothing installed, 4 drifted.
+    pub fn exit_code(&self) -> u8 {
+        match (&self.state, self.problems.is_empty()) {
+            (None, _) => 3,
+            (Some(_), true) => 0,
+            (Some(_), false) => 4,
+        }
+    }
+}
+
+/// The state recorded on the node, read and validated without verifying anything against
+/// it (no hashing): what the daemon needs to know which directories to watch.
+pub fn recorded_state(site: &Site) -> Result<Option<State>> {
+    let root = Root::open(&site.root)?;
+    match open_addons(&root)? {
+        Some(addons) => state::read(&addons),
+        None => Ok(None),
+    }
+}
+
+/// Verifies every recorded file and drop-in by sha256, and that no later `config.d`
+/// fragment overrides what a drop-in sets.
+pub fn status(site: &Site) -> Result<Status> {
+    let root = Root::open(&site.root)?;
+    let nothing = || Status { state: None, problems: vec![], effective: vec![] };
+    let Some(addons) = open_addons(&root)? else { return Ok(nothing()) };
+    let Some(st) = state::read(&addons)? else { return Ok(nothing()) };
+    let mut problems = Vec::new();
+    let mut check = |path: &str, expected: &str| match node::hash_file(root.dir(), &node::rel_path(path)) {
+        Ok(Some((sha, _))) if sha == expected => {}
+        Ok(Some((sha, _))) => problems.push(format!("{path}: sha256 {sha}, expected {expected}")),
+        Ok(None) => problems.push(format!("{path}: missing")),
+        Err(e) => problems.push(format!("{path}: {e:#}")),
+    };
+    for f in &st.files {
+        check(&f.path, &f.sha256);
+    }
+    for d in &st.drop_ins {
+        check(&d.path, &d.sha256);
+    }
+    let mut effective = Vec::new();
+    let installed: Vec<String> = st.files.iter().map(|f| f.path.clone()).collect();
+    for d in &st.drop_ins {
+        if let Some(e) = check_effective(&root, d, &installed, &mut problems)? {
+            effective.push(e);
+        }
+    }
+    Ok(Status { state: Some(st), problems, effective })
+}

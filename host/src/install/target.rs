@@ -1,0 +1,64 @@
+//! Where a plan's files and drop-ins go on this node: the install directory and, per
+//! runtime configuration found, its directory (drop-ins are staged there) and `config.d`.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use cap_std::fs::Dir;
+use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
+
+use crate::node::{self, Root};
+use crate::policy::{Plan, RuntimeConfigFacts, path_only_facts};
+use crate::runtime::{self, Selection};
+
+/// One runtime configuration's side of an install.
+pub(super) struct ConfigTarget {
+    /// Node path of the resolved `configuration*.toml`.
+    pub(super) runtime_config: String,
+    /// The directory holding it (drop-ins are staged here, beside `config.d`).
+    pub(super) config_dir: Dir,
+    /// `config.d` beside it.
+    pub(super) config_d: Dir,
+    /// Node path of the drop-in.
+    pub(super) drop_in_node_path: String,
+}
+
+/// The node-side places of a plan.
+pub(super) struct Target {
+    /// The install directory (`/etc/kata-containers/addons`).
+    pub(super) addons: Dir,
+    /// Every runtime configuration that gets the drop-in, in discovery order.
+    pub(super) configs: Vec<ConfigTarget>,
+}
+
+impl Target {
+    /// The facts of each resolved runtime configuration, as `render` takes them.
+    pub(super) fn runtime_configs(&self) -> Vec<RuntimeConfigFacts> {
+        self.configs.iter().map(|c| path_only_facts(&c.runtime_config)).collect()
+    }
+}
+
+/// Resolves where a plan's files and drop-ins go, creating `config.d` directories as needed.
+pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection) -> Result<Target> {
+    let provider = plan.provider;
+    let found = runtime::discover(root, &plan.runtime_configs, selection)
+        .with_context(|| format!("finding the Kata runtime configurations of provider `{provider}`"))?;
+    let mut configs = Vec::new();
+    for rc in found {
+        let dir_rel = rc.dir_rel();
+        let config_dir = root
+            .dir()
+            .open_dir(if dir_rel.as_os_str().is_empty() { Path::new(".") } else { &dir_rel })
+            .with_context(|| format!("opening {}", node::node_path(&dir_rel)))?;
+        let config_d_rel = rc.config_d_rel();
+        let config_d = root.create_dir_all(&config_d_rel)?;
+        configs.push(ConfigTarget {
+            drop_in_node_path: node::node_path(&config_d_rel.join(DROP_IN_NAME)),
+            runtime_config: rc.resolved,
+            config_dir,
+            config_d,
+        });
+    }
+    let addons = root.create_dir_all(&node::rel_path(INSTALL_DIR))?;
+    Ok(Target { addons, configs })
+}

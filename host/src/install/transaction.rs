@@ -1,0 +1,616 @@
+//! The install transaction: the atomic switch of DESIGN.md §4. Order: stage files in a new
+//! version directory -> render the drop-ins (one per runtime configuration found) -> write
+//! state -> rename each drop-in into its `config.d` (the commit point of that
+//! configuration) -> remove the previous version. A crash at any instant leaves each
+//! configuration with the old or the new drop-in, and both versions' files in place until
+//! the next run finishes the switch.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use cap_std::fs::Dir;
+use sha2::{Digest, Sha256};
+
+use super::discovery::{known_config_dirs, open_dir_if_exists, our_drop_ins, version_dirs};
+use super::sweep::{STAGING_PREFIX, sweep_leftovers, tmp_drop_in_name};
+use super::target::{Target, target};
+use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
+
+use crate::fetch::{Pull, PullOptions, Wanted};
+use crate::layout;
+use crate::lock;
+use crate::node::{self, Root, Site, remove_entry};
+use crate::policy::{DropIn, ImageSource, Plan, Policy};
+use crate::runtime::Selection;
+use crate::source::ImageRef;
+use crate::state::{self, DropInRecord, FileRecord, State, TrustRecord};
+
+/// Work of one install not committed yet: the staging (then version) directory in the
+/// install directory and the temporary drop-ins beside runtime configurations. Dropping
+/// it removes them, whatever the exit path; [`Uncommitted::keep_dir`] once the state
+/// refers to the directory, [`Uncommitted::committed`] once every drop-in is renamed.
+struct Uncommitted<'a> {
+    /// The install directory.
+    addons: &'a Dir,
+    /// The directory to remove on drop.
+    dir: Option<String>,
+    /// Directories holding a temporary drop-in named `tmp_name`.
+    tmp_in: Vec<&'a Dir>,
+    /// Temporary drop-in name of this process.
+    tmp_name: String,
+}
+
+impl<'a> Uncommitted<'a> {
+    /// Nothing staged yet.
+    fn new(addons: &'a Dir, drop_in_name: &str) -> Self {
+        Uncommitted { addons, dir: None, tmp_in: Vec::new(), tmp_name: tmp_drop_in_name(drop_in_name) }
+    }
+
+    /// The state now refers to the directory: it stays whatever happens next.
+    fn keep_dir(&mut self) {
+        self.dir = None;
+    }
+
+    /// Every staged drop-in was renamed into its `config.d`: nothing is left to undo.
+    fn committed(mut self) {
+        self.dir = None;
+        self.tmp_in.clear();
+    }
+}
+
+impl Drop for Uncommitted<'_> {
+    fn drop(&mut self) {
+        for d in &self.tmp_in {
+            match d.remove_file(&self.tmp_name) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(file = %self.tmp_name, "could not remove a temporary drop-in: {e}"),
+            }
+        }
+        if let Some(dir) = self.dir.take()
+            && let Err(e) = self.addons.remove_dir_all(&dir)
+            && e.kind() != ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir, "could not remove an uncommitted directory: {e}");
+        }
+    }
+}
+
+/// What `install` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything already matched: nothing was written.
+    UpToDate(State),
+    /// The files were intact but drop-ins had drifted: these were rewritten from the state.
+    Repaired(State, Vec<String>),
+    /// A new version was committed.
+    Installed(State),
+}
+
+/// The image reference of a plan, in the fetch layer's terms.
+pub fn image_ref(plan: &Plan) -> Result<ImageRef> {
+    match &plan.source {
+        // The guest validated the reference; the host's one parser checks it again.
+        ImageSource::Registry(r) => {
+            ImageRef::registry(&r.registry, &r.repository, r.tag.as_deref(), r.digest.as_deref())
+        }
+        ImageSource::Layout(l) => Ok(ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() }),
+    }
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+/// Takes the node lock without stalling the async runtime.
+async fn lock_node(root: &Root, timeout: Duration) -> Result<lock::NodeLock> {
+    tokio::task::block_in_place(|| lock::acquire(root, timeout))
+}
+
+/// Renders the drop-ins for every target and pairs each with its target (same order).
+fn render_for(policy: &Policy, plan: &Plan, dir_name: &str, t: &Target) -> Result<Vec<DropIn>> {
+    let installed = layout::installed_files(plan, dir_name);
+    let drop_ins = policy.render(plan, &installed, &t.runtime_configs())?;
+    for (d, c) in drop_ins.iter().zip(&t.configs) {
+        if d.path != c.drop_in_node_path {
+            bail!("the policy placed the drop-in for {} at {}, not {}", c.runtime_config, d.path, c.drop_in_node_path);
+        }
+    }
+    Ok(drop_ins)
+}
+
+/// Stages each drop-in beside its `config.d` (never inside it: Kata parses every entry
+/// there), registering each with `work` before writing, so any error removes them.
+fn stage_drop_ins<'a>(t: &'a Target, drop_ins: &[(usize, &DropIn)], work: &mut Uncommitted<'a>) -> Result<()> {
+    for (i, d) in drop_ins {
+        let c = &t.configs[*i];
+        work.tmp_in.push(&c.config_dir);
+        node::write_synced(&c.config_dir, &work.tmp_name, d.contents.as_bytes())
+            .with_context(|| format!("staging the drop-in for {}", c.runtime_config))?;
+    }
+    Ok(())
+}
+
+/// Renames staged drop-ins into their `config.d` (the commit point of each).
+fn commit_drop_ins(t: &Target, tmp_name: &str, drop_ins: &[(usize, &DropIn)]) -> Result<()> {
+    for (i, d) in drop_ins {
+        let c = &t.configs[*i];
+        c.config_dir
+            .rename(tmp_name, &c.config_d, DROP_IN_NAME)
+            .with_context(|| format!("committing the drop-in {}", c.drop_in_node_path))?;
+        node::fsync_dir(&c.config_d)?;
+        node::fsync_dir(&c.config_dir)?;
+        tracing::info!(step = "commit", drop_in = %d.path, sha256 = %sha256_hex(d.contents.as_bytes()), "drop-in committed");
+    }
+    Ok(())
+}
+
+/// Drop-in records for rendered drop-ins.
+fn records(drop_ins: &[DropIn]) -> Vec<DropInRecord> {
+    drop_ins
+        .iter()
+        .map(|d| DropInRecord {
+            runtime_config: d.runtime_config.clone(),
+            path: d.path.clone(),
+            sha256: sha256_hex(d.contents.as_bytes()),
+        })
+        .collect()
+}
+
+/// Drop-in paths of `old` (current and pending) that the new set no longer has.
+fn obsolete_drop_ins(old: &State, new: &[DropInRecord]) -> Vec<String> {
+    let mut out: Vec<String> = old.previous_drop_ins.clone();
+    out.extend(old.drop_ins.iter().map(|d| d.path.clone()));
+    out.retain(|p| !new.iter().any(|n| &n.path == p));
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Which manifest an install puts on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pin {
+    /// What the image reference names now (`install`: a moved tag is followed).
+    Reference,
+    /// When the state records this plan, exactly the recorded manifest digest (the
+    /// daemon's drift repair: a moved tag is not followed).
+    Recorded,
+}
+
+/// Installs (or confirms, or repairs) the addon described by `plan` on the node.
+pub async fn install(
+    policy: &Policy,
+    plan: &Plan,
+    opts: &PullOptions,
+    site: &Site,
+    selection: &Selection,
+    pin: Pin,
+) -> Result<Outcome> {
+    let started = Instant::now();
+    let root = Root::open(&site.root)?;
+    // Image trust first (issue 9): nothing is written on the node for an image the policy
+    // refuses. A policy that needs signatures is checked on the resolved digest now.
+    let mut image = image_ref(plan)?;
+    let pull = Pull::new(opts);
+    if let crate::trust::Gate::NeedsSignatures = crate::trust::gate(&opts.trust, &image)? {
+        pull.resolve(&image).await?;
+    }
+    let tx = Transaction::begin(policy, plan, root, site, selection).await?;
+    let recorded = tx.old.as_ref().filter(|o| pin == Pin::Recorded && same_request(plan, &o.manifest_digest, o));
+    // Drift repair restores the recorded digest (trusted when it was installed).
+    if let (Some(o), ImageRef::Registry { digest, .. }) = (recorded, &mut image) {
+        *digest = Some(o.manifest_digest.clone());
+    }
+    // One connection per endpoint for resolving and fetching: authenticate once.
+    // A digest-pinned reference that is already installed needs no registry round trip:
+    // the content is immutable and the files are verified below (offline restarts work).
+    let digest = match (layout::pinned_digest(plan), &tx.old) {
+        (Some(pinned), Some(o)) if o.manifest_digest == pinned => pinned.to_string(),
+        _ if recorded.is_some() => recorded.map(|o| o.manifest_digest.clone()).unwrap_or_default(),
+        _ => pull.resolve(&image).await?.image.manifest_digest,
+    };
+    if let Some(old) = &tx.old
+        && same_request(plan, &digest, old)
+    {
+        match file_drift(plan, old, &tx.target)? {
+            None => return tx.rewrite_drop_ins(old),
+            Some(why) => {
+                tracing::warn!(step = "repair", version = %old.version, "drift: {why}; pulling {} again", old.manifest_digest)
+            }
+        }
+    }
+    let st = tx.switch(&pull, &image).await?;
+    tracing::info!(
+        version = %st.version,
+        digest = %st.manifest_digest,
+        drop_ins = st.drop_ins.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "installed"
+    );
+    Ok(Outcome::Installed(st))
+}
+
+/// One install under the node lock: what the node holds (the state read), where the plan
+/// goes, and which directories may hold kata-addons drop-ins.
+struct Transaction<'a> {
+    policy: &'a Policy,
+    plan: &'a Plan,
+    root: Root,
+    target: Target,
+    /// The state before this install; `None` when nothing was installed.
+    old: Option<State>,
+    /// Root-relative runtime configuration directories that may hold a kata-addons drop-in.
+    known: Vec<PathBuf>,
+    _lock: lock::NodeLock,
+}
+
+impl<'a> Transaction<'a> {
+    /// Takes the node lock, reads the state (a damaged one is refused before anything is
+    /// touched), removes what killed runs left, and resolves where the plan goes.
+    async fn begin(
+        policy: &'a Policy,
+        plan: &'a Plan,
+        root: Root,
+        site: &Site,
+        selection: &Selection,
+    ) -> Result<Transaction<'a>> {
+        let lock = lock_node(&root, site.lock_timeout).await?;
+        let existing = open_dir_if_exists(&root, INSTALL_DIR)?;
+        let old = match &existing {
+            Some(a) => state::read(a)?,
+            None => None,
+        };
+        let known = known_config_dirs(&root, &selection.kata_prefix, &selection.only, &plan.runtime_configs);
+        sweep_leftovers(&root, existing.as_ref(), &known)?;
+        drop(existing);
+        let target = target(&root, plan, selection)?;
+        for c in &target.configs {
+            tracing::info!(
+                step = "resolve",
+                provider = %plan.provider,
+                runtime_config = %c.runtime_config,
+                drop_in = %c.drop_in_node_path,
+                image = %plan.image,
+                "resolved runtime config"
+            );
+        }
+        Ok(Transaction { policy, plan, root, target, old, known, _lock: lock })
+    }
+
+    /// The switch to a new version: stage, render, state, commit, collect.
+    async fn switch(&self, pull: &Pull<'_>, image: &ImageRef) -> Result<State> {
+        let (plan, t) = (self.plan, &self.target);
+        node::ensure_writable(&t.addons, INSTALL_DIR)?;
+        for c in &t.configs {
+            node::ensure_writable(&c.config_d, &c.drop_in_node_path)?;
+        }
+
+        // 1. Stage the files in a fresh directory inside the install directory. From here on,
+        // `work` removes whatever is not committed when this function returns early.
+        let mut work = Uncommitted::new(&t.addons, DROP_IN_NAME);
+        let staging = format!("{STAGING_PREFIX}{}", std::process::id());
+        remove_entry(&t.addons, &staging)?;
+        t.addons.create_dir(&staging).with_context(|| format!("creating staging directory {staging}"))?;
+        work.dir = Some(staging.clone());
+        let (report_digest, files, trust) = stage(pull, image, plan, t, &staging).await?;
+        let dir_name = pick_dir_name(&t.addons, plan, &report_digest, self.old.as_ref())?;
+        t.addons.rename(&staging, &t.addons, &dir_name).with_context(|| format!("renaming {staging} to {dir_name}"))?;
+        work.dir = Some(dir_name.clone());
+        node::fsync_dir(&t.addons)?;
+        tracing::info!(step = "stage", dir = %format!("{INSTALL_DIR}/{dir_name}"), "files staged");
+
+        // 2. Render the drop-ins from the installed node paths and stage them outside config.d.
+        let drop_ins = render_for(self.policy, plan, &dir_name, t)?;
+        let all: Vec<(usize, &DropIn)> = drop_ins.iter().enumerate().collect();
+        stage_drop_ins(t, &all, &mut work)?;
+
+        // 3. Write the state, naming what the commit will make obsolete.
+        let mut st = self.new_state(&dir_name, report_digest, &files, records(&drop_ins), trust);
+        state::write(&t.addons, &st)?;
+        // The state refers to the new directory now: a failed commit leaves it for the next run.
+        work.keep_dir();
+
+        // 4. Commit: rename each drop-in into its config.d.
+        commit_drop_ins(t, &work.tmp_name, &all)?;
+        work.committed();
+
+        // 5. Remove what the commit made obsolete.
+        self.gc(&mut st)?;
+        Ok(st)
+    }
+
+    /// The state of the new version in `dir_name`, with what it makes obsolete.
+    fn new_state(
+        &self,
+        dir_name: &str,
+        manifest_digest: String,
+        files: &[(String, u64)],
+        drop_ins: Vec<DropInRecord>,
+        trust: TrustRecord,
+    ) -> State {
+        let plan = self.plan;
+        let mut previous_dirs: Vec<String> = Vec::new();
+        let mut previous_drop_ins: Vec<String> = Vec::new();
+        if let Some(old) = &self.old {
+            previous_dirs.extend(old.previous_dirs.iter().cloned());
+            previous_dirs.push(old.version_dir.clone());
+            previous_drop_ins = obsolete_drop_ins(old, &drop_ins);
+        }
+        previous_dirs.retain(|d| d != dir_name);
+        previous_dirs.dedup();
+        let installed = layout::installed_files(plan, dir_name);
+        State {
+            schema: state::SCHEMA,
+            image: plan.image.clone(),
+            manifest_digest,
+            version: plan.version.clone(),
+            provider: plan.provider,
+            version_dir: dir_name.to_string(),
+            files: plan
+                .artifacts
+                .iter()
+                .zip(&installed)
+                .zip(files)
+                .map(|((a, f), (sha, size))| FileRecord {
+                    kind: a.kind,
+                    source: a.source.clone(),
+                    path: f.path.clone(),
+                    sha256: sha.clone(),
+                    size: *size,
+                    filesystem: None,
+                    verity: None,
+                })
+                .collect(),
+            drop_ins,
+            previous_dirs,
+            previous_drop_ins,
+            trust: Some(trust),
+        }
+    }
+
+    /// The installed files are what the plan asks for, and intact: the drop-ins are
+    /// (re)written from the state without a pull when they drifted.
+    fn rewrite_drop_ins(&self, old: &State) -> Result<Outcome> {
+        let (plan, t) = (self.plan, &self.target);
+        let drop_ins = render_for(self.policy, plan, &old.version_dir, t)?;
+        let new_records = records(&drop_ins);
+        let mut drifted: Vec<(usize, &DropIn)> = Vec::new();
+        let mut what = Vec::new();
+        for (i, (d, rec)) in drop_ins.iter().zip(&new_records).enumerate() {
+            let on_disk = node::hash_file(&t.configs[i].config_d, Path::new(DROP_IN_NAME));
+            let why = match on_disk {
+                Ok(Some((sha, _))) if sha == rec.sha256 => continue,
+                Ok(Some((sha, _))) => format!("drop-in {} was edited (sha256 {sha}, expected {})", d.path, rec.sha256),
+                Ok(None) => format!("drop-in {} was missing", d.path),
+                Err(e) => format!("drop-in {} was unreadable ({e:#})", d.path),
+            };
+            drifted.push((i, d));
+            what.push(why);
+        }
+        let obsolete = obsolete_drop_ins(old, &new_records);
+        if drifted.is_empty() && old.drop_ins == new_records {
+            let mut st = old.clone();
+            self.gc(&mut st)?;
+            tracing::info!(version = %old.version, digest = %old.manifest_digest, "up to date; nothing changed");
+            return Ok(Outcome::UpToDate(st));
+        }
+        for rec in &old.drop_ins {
+            if !new_records.iter().any(|n| n.path == rec.path) {
+                what.push(format!(
+                    "runtime configuration {} is no longer selected or installed; its drop-in {} is removed",
+                    rec.runtime_config, rec.path
+                ));
+            }
+        }
+        node::ensure_writable(&t.addons, INSTALL_DIR)?;
+        for (i, _) in &drifted {
+            node::ensure_writable(&t.configs[*i].config_d, &t.configs[*i].drop_in_node_path)?;
+        }
+        let mut work = Uncommitted::new(&t.addons, DROP_IN_NAME);
+        stage_drop_ins(t, &drifted, &mut work)?;
+        let mut st = old.clone();
+        st.drop_ins = new_records;
+        st.previous_drop_ins = obsolete;
+        state::write(&t.addons, &st)?;
+        commit_drop_ins(t, &work.tmp_name, &drifted)?;
+        work.committed();
+        self.gc(&mut st)?;
+        for w in &what {
+            tracing::warn!(step = "repair", version = %st.version, "drift repaired: {w}");
+        }
+        Ok(Outcome::Repaired(st, what))
+    }
+
+    /// [`gc`] of this transaction's node.
+    fn gc(&self, st: &mut State) -> Result<()> {
+        gc(&self.root, &self.target, st, &self.known)
+    }
+}
+
+/// Fetches the plan's artifacts into `staging` and checks pinned checksums.
+/// Returns the manifest digest, `(sha256, size)` per artifact in plan order, and the trust
+/// decision that admitted the image.
+async fn stage(
+    pull: &Pull<'_>,
+    image: &ImageRef,
+    plan: &Plan,
+    t: &Target,
+    staging: &str,
+) -> Result<(String, Vec<(String, u64)>, TrustRecord)> {
+    let dir = t.addons.open_dir(staging).with_context(|| format!("opening {staging}"))?;
+    let wanted: Vec<Wanted> = plan
+        .artifacts
+        .iter()
+        .map(|a| Wanted { path: a.source.clone(), dest_name: a.file_name.clone(), verity: None })
+        .collect();
+    let started = Instant::now();
+    let report = pull.files(image, &wanted, &dir, INSTALL_DIR).await?;
+    let bytes: u64 = report.files.iter().map(|f| f.size).sum();
+    let secs = started.elapsed().as_secs_f64().max(1e-6);
+    tracing::info!(
+        step = "pull",
+        digest = %report.manifest_digest,
+        bytes,
+        rate_mib_s = format!("{:.1}", bytes as f64 / secs / 1048576.0),
+        "pulled"
+    );
+    let mut out = Vec::new();
+    for a in &plan.artifacts {
+        let f = report
+            .files
+            .iter()
+            .find(|f| f.dest_name == a.file_name)
+            .with_context(|| format!("the fetch did not produce {}", a.source))?;
+        if let Some(expected) = &a.sha256
+            && &f.sha256 != expected
+        {
+            bail!(
+                "checksum mismatch for {} {} in {}: expected sha256 {expected} ({}Sha256), got {}; nothing was installed",
+                a.kind,
+                a.source,
+                plan.image,
+                a.kind,
+                f.sha256
+            );
+        }
+        tracing::info!(step = "verify", kind = %a.kind, source = %a.source, sha256 = %f.sha256, size = f.size, "verified");
+        out.push((f.sha256.clone(), f.size));
+    }
+    node::fsync_dir(&dir)?;
+    Ok((report.manifest_digest, out, report.trust))
+}
+
+/// A version directory name that is not in use: `<version>-<digest12>`, with a
+/// numeric suffix if that name is live (current or awaiting removal). A leftover
+/// that no state refers to (a crash after staging) is removed.
+fn pick_dir_name(addons: &Dir, plan: &Plan, digest: &str, old: Option<&State>) -> Result<String> {
+    let base = layout::version_dir_name(&plan.version, Some(digest));
+    let live = |n: &str| old.is_some_and(|s| s.version_dir == n || s.previous_dirs.iter().any(|d| d == n));
+    for i in 0..1000 {
+        let name = if i == 0 { base.clone() } else { format!("{base}.{i}") };
+        if live(&name) {
+            continue;
+        }
+        remove_entry(addons, &name)?;
+        return Ok(name);
+    }
+    bail!("no free version directory name for {base}")
+}
+
+/// The state records exactly what `plan` asks for at `digest`: same image, version,
+/// provider and artifacts (drop-ins are checked separately).
+fn same_request(plan: &Plan, digest: &str, st: &State) -> bool {
+    st.manifest_digest == digest
+        && st.image == plan.image
+        && st.version == plan.version
+        && st.provider == plan.provider
+        && st.files.len() == plan.artifacts.len()
+}
+
+/// `None` when every recorded file is where the plan puts it with the recorded (and
+/// pinned) sha256; otherwise what differs.
+fn file_drift(plan: &Plan, st: &State, t: &Target) -> Result<Option<String>> {
+    let installed = layout::installed_files(plan, &st.version_dir);
+    for ((a, f), rec) in plan.artifacts.iter().zip(&installed).zip(&st.files) {
+        if rec.kind != a.kind || rec.source != a.source || rec.path != f.path {
+            return Ok(Some(format!("the recorded {} {} is not what the plan asks for", rec.kind, rec.path)));
+        }
+        if a.sha256.as_ref().is_some_and(|s| s != &rec.sha256) {
+            return Ok(Some(format!("the recorded {} does not have the pinned sha256", rec.kind)));
+        }
+        match node::hash_file(&t.addons, &Path::new(&st.version_dir).join(&a.file_name)) {
+            Ok(Some((sha, _))) if sha == rec.sha256 => {}
+            Ok(Some((sha, _))) => {
+                return Ok(Some(format!(
+                    "{} {} was edited (sha256 {sha}, expected {})",
+                    rec.kind, rec.path, rec.sha256
+                )));
+            }
+            Ok(None) => return Ok(Some(format!("{} {} was missing", rec.kind, rec.path))),
+            Err(e) => return Ok(Some(format!("{} {} is unusable ({e:#})", rec.kind, rec.path))),
+        }
+    }
+    Ok(None)
+}
+
+/// Removes obsolete drop-ins and version directories recorded in `st`, then records that
+/// nothing is pending; also removes version directories no state refers to (a kill after
+/// staging, before the state write) when every kata-addons drop-in found in the known
+/// runtime configuration directories is one `st` records (so none can point into them).
+fn gc(root: &Root, t: &Target, st: &mut State, known: &[PathBuf]) -> Result<()> {
+    for p in &st.previous_drop_ins {
+        if state::validate::remove_drop_in(root, p, false)? == state::validate::DropInRemoval::Removed {
+            tracing::info!(step = "gc", drop_in = %p, "removed obsolete drop-in");
+        }
+    }
+    for d in &st.previous_dirs {
+        remove_entry(&t.addons, d)?;
+        tracing::info!(step = "gc", dir = %d, "removed previous version");
+    }
+    let orphans: Vec<String> = version_dirs(&t.addons)?
+        .into_iter()
+        .filter(|d| d != &st.version_dir && !st.previous_dirs.contains(d))
+        .collect();
+    if !orphans.is_empty() {
+        let unrecorded: Vec<String> = our_drop_ins(root, known)
+            .into_iter()
+            .filter(|p| !st.drop_ins.iter().any(|d| &d.path == p) && !st.previous_drop_ins.contains(p))
+            .collect();
+        if unrecorded.is_empty() {
+            for d in &orphans {
+                remove_entry(&t.addons, d)?;
+                tracing::info!(step = "gc", dir = %d, "removed a version directory no state refers to");
+            }
+        } else {
+            tracing::warn!(
+                step = "gc",
+                "version directories {} are not in the state but kept: kata-addons drop-ins the state does not \
+                 record may point into them ({}); `kata-addons uninstall` removes both",
+                orphans.join(", "),
+                unrecorded.join(", ")
+            );
+        }
+    }
+    if !st.previous_dirs.is_empty() || !st.previous_drop_ins.is_empty() || !orphans.is_empty() {
+        node::fsync_dir(&t.addons)?;
+    }
+    if !st.previous_dirs.is_empty() || !st.previous_drop_ins.is_empty() {
+        st.previous_dirs.clear();
+        st.previous_drop_ins.clear();
+        state::write(&t.addons, st)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uncommitted_work_is_removed_on_drop_unless_kept() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let addons = Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("open");
+        let config = Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("open");
+        {
+            let mut w = Uncommitted::new(&addons, "50-x.toml");
+            addons.create_dir("stage").expect("mkdir");
+            w.dir = Some("stage".into());
+            w.tmp_in.push(&config);
+            node::write_synced(&config, &w.tmp_name, b"x").expect("write");
+        }
+        assert!(addons.symlink_metadata("stage").is_err(), "staging kept");
+        assert!(config.symlink_metadata(tmp_drop_in_name("50-x.toml")).is_err(), "temp drop-in kept");
+        {
+            let mut w = Uncommitted::new(&addons, "50-x.toml");
+            addons.create_dir("v1").expect("mkdir");
+            w.dir = Some("v1".into());
+            w.tmp_in.push(&config);
+            node::write_synced(&config, &w.tmp_name, b"x").expect("write");
+            w.keep_dir();
+        }
+        assert!(addons.symlink_metadata("v1").is_ok(), "a directory the state refers to was removed");
+        assert!(config.symlink_metadata(tmp_drop_in_name("50-x.toml")).is_err(), "temp drop-in kept");
+    }
+}
