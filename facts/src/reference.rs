@@ -198,6 +198,18 @@ impl fmt::Display for RefError {
     }
 }
 
+/// One line for a list of reference problems (`; `-separated).
+pub fn describe(problems: &[RefError]) -> String {
+    let mut out = String::new();
+    for (i, p) in problems.iter().enumerate() {
+        if i > 0 {
+            out.push_str("; ");
+        }
+        out.push_str(&alloc::format!("{p}"));
+    }
+    out
+}
+
 /// A parsed reference: a registry image or a local OCI layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reference {

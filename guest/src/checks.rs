@@ -1,91 +1,14 @@
-//! Small validators shared by the policy: paths, tags, versions, sha256 values,
-//! message quoting and "did you mean" suggestions.
+//! The policy's view of the shared grammars (paths, versions, sha256 values, message
+//! quoting: `kata-addons-facts`), and "did you mean" suggestions for unknown keys.
 
-use alloc::format;
-use alloc::string::String;
+use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
-/// Longest accepted path, in bytes.
-pub(crate) const MAX_PATH: usize = 4096;
+pub(crate) use kata_addons_facts::{is_sha256_hex, is_version, show};
 
-/// Quotes a value for a message: backticks, control characters escaped, long values cut.
-pub(crate) fn show(s: &str) -> String {
-    const MAX_CHARS: usize = 80;
-    let mut out = String::from("`");
-    for (i, c) in s.chars().enumerate() {
-        if i == MAX_CHARS {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('`');
-    out
-}
-
-/// Checks an absolute, normalised, clean path; `Err` explains what is accepted.
+/// Checks a clean absolute path (the shared grammar); `Err` explains what is accepted.
 pub(crate) fn check_path(p: &str) -> Result<(), String> {
-    if p.len() > MAX_PATH {
-        return Err(format!("path is {} bytes long: at most {MAX_PATH} bytes are accepted", p.len()));
-    }
-    if let Some(c) = p.chars().find(|c| c.is_control()) {
-        return Err(format!(
-            "path {} contains the control character {}: paths must be plain text",
-            show(p),
-            c.escape_default()
-        ));
-    }
-    if !p.starts_with('/') {
-        return Err(format!("path {} is not absolute: it must start with `/` (e.g. `/boot/vmlinuz`)", show(p)));
-    }
-    if p == "/" {
-        return Err(String::from("path `/` names a directory: give the path of a file (e.g. `/boot/vmlinuz`)"));
-    }
-    if p.ends_with('/') {
-        return Err(format!("path {} ends with `/`: give the path of a file, without a trailing `/`", show(p)));
-    }
-    if p.contains("//") {
-        return Err(format!("path {} is not normalised: it contains `//`", show(p)));
-    }
-    if p.split('/').any(|c| c == "." || c == "..") {
-        return Err(format!("path {} is not normalised: `.` and `..` components are not accepted", show(p)));
-    }
-    Ok(())
-}
-
-/// Tag grammar: `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
-pub(crate) fn is_tag(t: &str) -> bool {
-    let b = t.as_bytes();
-    match b.split_first() {
-        Some((first, rest)) => {
-            (first.is_ascii_alphanumeric() || *first == b'_')
-                && rest.len() <= 127
-                && rest.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
-        }
-        None => false,
-    }
-}
-
-/// Version grammar: `[A-Za-z0-9][A-Za-z0-9._+-]{0,127}`.
-pub(crate) fn is_version(v: &str) -> bool {
-    let b = v.as_bytes();
-    match b.split_first() {
-        Some((first, rest)) => {
-            first.is_ascii_alphanumeric()
-                && rest.len() <= 127
-                && rest.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'+' | b'-'))
-        }
-        None => false,
-    }
-}
-
-/// Exactly 64 lowercase hex characters.
-pub(crate) fn is_sha256_hex(h: &str) -> bool {
-    h.len() == 64 && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    kata_addons_facts::check_path(p).map_err(|e| e.to_string())
 }
 
 /// Levenshtein distance over chars.

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
-use kata_addons_facts::{HEADER, HYPERVISOR_TABLE, INSTALL_DIR, drop_in_path};
+use kata_addons_facts::{HEADER, HYPERVISOR_TABLE, INSTALL_DIR, drop_in_path, file_name, is_configuration_file_name};
 
 use crate::checks::{check_path, show};
 use crate::providers;
@@ -105,8 +105,7 @@ fn check_runtime_configs(found: &[RuntimeConfigFacts], errs: &mut Vec<Violation>
             errs.push(violation("runtime-configs", ViolationCode::InvalidPath, e));
             continue;
         }
-        let name = rc.rsplit('/').next().unwrap_or("");
-        if !(name.starts_with("configuration") && name.ends_with(".toml")) {
+        if !is_configuration_file_name(file_name(rc)) {
             errs.push(violation(
                 "runtime-configs",
                 ViolationCode::InvalidPath,

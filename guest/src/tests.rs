@@ -207,8 +207,6 @@ fn registry_references_accepted() {
     assert_eq!(image_ok("localhost/b"), "localhost/b:latest");
     assert_eq!(image_ok("localhost:5000/a/b:x_"), "localhost:5000/a/b:x_");
     assert_eq!(image_ok("127.0.0.1:5000/a-b/c__d/e.f/g--h:1.0-rc_1"), "127.0.0.1:5000/a-b/c__d/e.f/g--h:1.0-rc_1");
-    assert_eq!(image_ok("[::1]:5000/a/b:v1"), "[::1]:5000/a/b:v1");
-    assert_eq!(image_ok("[fe80::1]/a:v1"), "[fe80::1]/a:v1");
     assert_eq!(image_ok("my-registry.example.com:65535/x:v1"), "my-registry.example.com:65535/x:v1");
     let d = alloc::format!("quay.io/a/b@sha256:{HEX}");
     assert_eq!(image_ok(&d), d);
@@ -251,6 +249,9 @@ fn registry_references_rejected() {
         "[::1/a",
         "[zz::1]/a",
         "[::1]x/a",
+        // containers/image reads no bracketed IPv6 registry host: refused, not half-accepted.
+        "[::1]:5000/a/b:v1",
+        "[fe80::1]/a:v1",
         "docker://quay.io/a/b",
         "oci:relative/layout",
         "oci:/a/../b",
@@ -265,6 +266,28 @@ fn registry_references_rejected() {
     assert_eq!(codes(&image_err(&tag129))[0].1, ViolationCode::InvalidReference);
     let long = alloc::format!("quay.io/{}:v1", "a".repeat(250));
     assert_eq!(codes(&image_err(&long))[0].1, ViolationCode::InvalidReference);
+}
+
+#[test]
+fn docker_hub_names_are_normalised_once_and_judged_by_their_normalised_length() {
+    assert_eq!(image_ok("docker.io/ubuntu"), "docker.io/library/ubuntu:latest");
+    assert_eq!(image_ok("index.docker.io/a/b:v1"), "docker.io/a/b:v1");
+    // `docker.io/library/` + 237 = 255 bytes: the longest name.
+    let ok = alloc::format!("docker.io/{}", "a".repeat(237));
+    assert_eq!(image_ok(&ok), alloc::format!("docker.io/library/{}:latest", "a".repeat(237)));
+    // 238-245 fit in 255 bytes as written, not once `library/` is added.
+    for n in 238..=245 {
+        let v = image_err(&alloc::format!("docker.io/{}:v1", "a".repeat(n)));
+        assert_eq!(codes(&v), [("addonImage", ViolationCode::InvalidReference)], "{n}");
+        assert!(v[0].message.contains(&alloc::format!("is {} bytes long", n + 18)), "{}", v[0].message);
+    }
+}
+
+#[test]
+fn ipv6_registry_hosts_are_refused_with_advice() {
+    let v = image_err("[::1]:5000/a/b:v1");
+    assert_eq!(codes(&v), [("addonImage", ViolationCode::InvalidReference)]);
+    assert!(v[0].message.contains("IPv6") && v[0].message.contains("IPv4"), "{}", v[0].message);
 }
 
 #[test]

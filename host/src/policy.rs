@@ -31,7 +31,11 @@ pub use bindings::{
     ViolationCode,
 };
 
-use kata_addons_facts::{DEFAULT_KATA_PREFIX, DROP_IN_NAME, parent_dir};
+use kata_addons_facts::reference::check_parts;
+use kata_addons_facts::{
+    DEFAULT_KATA_PREFIX, DROP_IN_NAME, file_name, is_clean_path as is_clean_abs_path, is_configuration_file_name,
+    is_plain_file_name, is_sha256_hex, parent_dir,
+};
 
 /// WIT names of the enums the node records and prints (`Display`, and the serde form of
 /// the state's `kind` and `provider`).
@@ -683,20 +687,6 @@ fn check_env(func: &'static str, env: &[KeyValue]) -> Result<(), PolicyError> {
     Ok(())
 }
 
-/// An absolute path with no empty, `.` or `..` components.
-pub fn is_clean_abs_path(p: &str) -> bool {
-    p.len() <= 4096
-        && p.starts_with('/')
-        && p.len() > 1
-        && !p.chars().any(char::is_control)
-        && p[1..].split('/').all(|c| !c.is_empty() && c != "." && c != "..")
-}
-
-/// A single path component: not empty, `.` or `..`, no `/`, no control characters.
-pub fn is_plain_file_name(n: &str) -> bool {
-    !n.is_empty() && n.len() <= 255 && n != "." && n != ".." && !n.contains('/') && !n.chars().any(char::is_control)
-}
-
 /// The host re-validates every plan field it will act on.
 fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
     let f = "plan";
@@ -704,6 +694,12 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
         if s.len() > MAX_STRING {
             return Err(bad(f, format!("{what} is longer than {MAX_STRING} bytes")));
         }
+    }
+    if let ImageSource::Registry(r) = &plan.source
+        && let Err(e) = check_parts(&r.registry, &r.repository, r.tag.as_deref(), r.digest.as_deref())
+    {
+        let problems = kata_addons_facts::reference::describe(&e);
+        return Err(bad(f, format!("image {}/{}: {problems}", prefix(&r.registry), prefix(&r.repository))));
     }
     if !is_plain_file_name(&plan.version) {
         return Err(bad(f, format!("version {:?} is not usable as a directory name", prefix(&plan.version))));
@@ -719,8 +715,7 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
             return Err(bad(f, format!("runtime config {:?} is not a clean absolute path", prefix(rc))));
         }
         // The runner writes beside whatever file a candidate names: only Kata files qualify.
-        let name = rc.rsplit('/').next().unwrap_or("");
-        if !(name.starts_with("configuration") && name.ends_with(".toml")) {
+        if !is_configuration_file_name(file_name(rc)) {
             return Err(bad(f, format!("runtime config {:?} is not a Kata configuration*.toml", prefix(rc))));
         }
     }
@@ -748,7 +743,7 @@ fn check_plan(plan: &Plan) -> Result<(), PolicyError> {
             return Err(bad(f, format!("artifact source {:?} is not a clean absolute path", prefix(&a.source))));
         }
         if let Some(s) = &a.sha256
-            && (s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+            && !is_sha256_hex(s)
         {
             return Err(bad(f, format!("artifact sha256 {:?} is not 64 lowercase hex", prefix(s))));
         }

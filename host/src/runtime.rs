@@ -109,7 +109,7 @@ pub fn sharing_config_d(root: &Root, rc: &RuntimeConfig) -> Result<Vec<String>> 
         let entry = entry.with_context(|| format!("listing {}", node::node_path(&dir_rel)))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !(name.starts_with("configuration") && name.ends_with(".toml")) {
+        if !kata_addons_facts::is_configuration_file_name(name) {
             continue;
         }
         let path = node::node_path(&dir_rel.join(name));

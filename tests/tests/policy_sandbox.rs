@@ -164,6 +164,8 @@ fn bad_plan_output_is_refused_by_the_host() {
         ("relative-verity-file", "artifact verity file \"root_hash.txt\" is not a clean absolute path"),
         ("slash-name", "artifact name \"../x\" is not a plain name"),
         ("many-runtime-classes", "plan names 100 runtime classes, more than 32"),
+        ("ipv6-registry", "registry host `[::1]:5000` is a bracketed IPv6 address"),
+        ("unnormalised-docker-hub", "`docker.io/ubuntu` is not a normalised Docker Hub name"),
         ("newline-runtime-class", "runtime class \"kata\\n[x]\" is not a plain name"),
         ("many-artifacts", "plan has 100 artifacts"),
     ] {

@@ -107,11 +107,16 @@ fn every_violation_class_is_denied_exactly_as_preview_prints_it() {
     let f = start(&[], &[]);
     let rt = rt();
     let b64 = "b".repeat(64);
+    // Fits in 255 bytes as written, not with Docker Hub's `library/`.
+    let long_hub = format!("docker.io/{}:v1", "a".repeat(240));
     let img = VALID[0];
     let kp = VALID[1];
     let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
         ("unknown-key", vec![img, kp, ("kernelpath", "/k")]),
         ("invalid-reference", vec![("addonImage", "Quay.io/X"), kp]),
+        ("invalid-reference", vec![("addonImage", "[::1]:5000/a/b:v1"), kp]),
+        ("invalid-reference", vec![("addonImage", "[fe80::1]/a:v1"), kp]),
+        ("invalid-reference", vec![("addonImage", &long_hub[..]), kp]),
         ("invalid-path", vec![img, ("kernelPath", "boot/../vmlinuz")]),
         ("invalid-version", vec![img, kp, ("version", "-bad")]),
         ("invalid-provider", vec![img, kp, ("provider", "sev")]),

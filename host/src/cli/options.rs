@@ -106,15 +106,15 @@ impl LayoutArgs {
     /// `--runtime-config` must have the shapes the policy accepts for install, else the
     /// input is invalid configuration (exit 2, as the policy's own refusal would be).
     pub(super) fn checked_selection(&self) -> Result<Selection> {
-        if !policy::is_clean_abs_path(&self.kata_prefix) {
+        if !kata_addons_facts::is_clean_path(&self.kata_prefix) {
             return Err(invalid(format!(
                 "--kata-prefix {:?} is not a clean absolute path (no `.`, `..`, `//` or trailing `/`)",
                 self.kata_prefix
             )));
         }
         for rc in &self.runtime_configs {
-            let name = rc.rsplit('/').next().unwrap_or("");
-            if !(policy::is_clean_abs_path(rc) && name.starts_with("configuration") && name.ends_with(".toml")) {
+            let name = kata_addons_facts::file_name(rc);
+            if !(kata_addons_facts::is_clean_path(rc) && kata_addons_facts::is_configuration_file_name(name)) {
                 return Err(invalid(format!(
                     "--runtime-config {rc:?} is not the clean absolute node path of a Kata configuration*.toml"
                 )));

@@ -57,7 +57,7 @@ pub struct Extracted {
 /// Refuses a destination name that is not a plain file name, or one the extraction's own
 /// temporary files could take.
 pub fn check_dest_name(n: &str) -> Result<()> {
-    if !crate::policy::is_plain_file_name(n) || n.starts_with(TMP_PREFIX) {
+    if !kata_addons_facts::is_plain_file_name(n) || n.starts_with(TMP_PREFIX) {
         bail!("invalid destination file name {n:?}");
     }
     Ok(())

@@ -481,19 +481,18 @@ impl View<'_> {
     }
 }
 
-/// Checks a wanted in-image path: absolute, normalised, no control characters, ≤ 4096 bytes.
+/// Checks a wanted in-image path (the shared clean-path grammar) and returns it without
+/// its leading `/`.
 pub fn check_wanted_path(p: &str) -> Result<String> {
-    if !p.starts_with('/') {
-        bail!("in-image path {p:?} must be absolute");
+    use kata_addons_facts::PathError;
+    match kata_addons_facts::check_path(p) {
+        Ok(()) => Ok(p[1..].to_string()),
+        Err(PathError::Relative(_)) => bail!("in-image path {p:?} must be absolute"),
+        Err(PathError::TooLong(_) | PathError::Control(..)) => {
+            bail!("in-image path {p:?} is too long or has control characters")
+        }
+        Err(_) => bail!("in-image path {p:?} is not normalised (no `.`, `..`, `//` or trailing `/`)"),
     }
-    if p.len() > 4096 || p.chars().any(char::is_control) {
-        bail!("in-image path {p:?} is too long or has control characters");
-    }
-    let n = normalize(p);
-    if format!("/{n}") != p || n.is_empty() {
-        bail!("in-image path {p:?} is not normalised (no `.`, `..`, `//` or trailing `/`)");
-    }
-    Ok(n)
 }
 
 /// Parent of a normalised path (for tests and messages).

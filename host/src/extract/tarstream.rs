@@ -12,7 +12,7 @@ use std::io::{ErrorKind, Read};
 use anyhow::{Context, Result, bail};
 
 /// Longest entry path or link target accepted, in bytes (Linux `PATH_MAX`).
-pub const MAX_PATH: usize = 4096;
+pub use kata_addons_facts::MAX_PATH;
 
 /// Largest GNU long-name / long-link or PAX extended header record accepted, in bytes.
 pub const MAX_EXT_RECORD: u64 = 64 * 1024;

@@ -52,7 +52,7 @@ pub(super) fn known_config_dirs(root: &Root, kata_prefix: &str, given: &[String]
     let mut out: Vec<PathBuf> = Vec::new();
     let candidates = kata_addons_facts::known_runtime_configs(kata_prefix);
     for c in candidates.iter().chain(given).chain(plan) {
-        if !crate::policy::is_clean_abs_path(c) {
+        if !kata_addons_facts::is_clean_path(c) {
             continue;
         }
         let parent = c.rsplit_once('/').map_or("/", |(d, _)| if d.is_empty() { "/" } else { d });

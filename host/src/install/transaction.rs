@@ -89,14 +89,12 @@ pub enum Outcome {
     Installed(State),
 }
 
-/// The image reference of a plan, in the fetch layer's terms.
-pub fn image_ref(plan: &Plan) -> Result<ImageRef> {
+/// The image reference of a plan, in the fetch layer's terms: converted part by part (the
+/// policy parsed it with the shared grammar, and `Policy::plan` checked the parts).
+pub fn image_ref(plan: &Plan) -> ImageRef {
     match &plan.source {
-        // The guest validated the reference; the host's one parser checks it again.
-        ImageSource::Registry(r) => {
-            ImageRef::registry(&r.registry, &r.repository, r.tag.as_deref(), r.digest.as_deref())
-        }
-        ImageSource::Layout(l) => Ok(ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() }),
+        ImageSource::Registry(r) => ImageRef::from_plan(r),
+        ImageSource::Layout(l) => ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() },
     }
 }
 
@@ -192,7 +190,7 @@ pub async fn install(
     let root = Root::open(&site.root)?;
     // Image trust first (issue 9): nothing is written on the node for an image the policy
     // refuses. A policy that needs signatures is checked on the resolved digest now.
-    let mut image = image_ref(plan)?;
+    let mut image = image_ref(plan);
     let pull = Pull::new(opts);
     if let crate::trust::Gate::NeedsSignatures = crate::trust::gate(&opts.trust, &image)? {
         pull.resolve(&image).await?;

@@ -104,7 +104,7 @@ pub fn config_paths(root: &Root) -> Result<Vec<String>> {
     for c in read_cri_configs(root)? {
         for (name, h) in &c.handlers {
             let kata = if c.runtime == crio::RUNTIME { crio::is_kata(name, h) } else { containerd::is_kata(h) };
-            if let Some(p) = h.config_path.as_ref().filter(|p| kata && crate::policy::is_clean_abs_path(p))
+            if let Some(p) = h.config_path.as_ref().filter(|p| kata && kata_addons_facts::is_clean_path(p))
                 && !out.contains(p)
             {
                 out.push(p.clone());
@@ -187,7 +187,7 @@ fn resolve_one(root: &Root, configs: &[CriConfig], handler: &str, tee: Tee) -> R
             if cri.runtime == crio::RUNTIME { "runtime_config_path" } else { "options.ConfigPath" }
         ));
     };
-    if !crate::policy::is_clean_abs_path(config_path) {
+    if !kata_addons_facts::is_clean_path(config_path) {
         return Err(format!(
             "{} names the Kata configuration {config_path:?} ({}), which is not a clean absolute path",
             cri.runtime, h.defined_in

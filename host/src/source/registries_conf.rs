@@ -256,7 +256,7 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
         for r in list {
             let what = format!("{f}: {search_key}");
             let r = parse_location(r, &what)?;
-            if !reference::valid_domain(&r) {
+            if !kata_addons_facts::reference::is_registry_host(&r) {
                 bail!("{what}: invalid entry {r:?} (must be host[:port])");
             }
         }
@@ -385,7 +385,7 @@ fn plain_reference(s: &str) -> Result<(Option<&str>, &str, bool)> {
         Some((d, p)) if reference::valid_domain(d) => (Some(d), p),
         _ => (None, name),
     };
-    if !reference::valid_repository(path) || name.len() > 255 {
+    if !reference::valid_repository(path) || name.len() > reference::NAME_TOTAL_LENGTH_MAX {
         bail!("{s:?} is not a valid reference");
     }
     if digest.is_some() {

@@ -58,18 +58,17 @@ pub fn read_capped(dir: &Dir, name: &str) -> Result<Option<String>> {
     Ok(Some(text))
 }
 
-/// An absolute, normalised node path without control characters, at most 4096 bytes.
+/// A clean absolute node path (the shared grammar: `kata_addons_facts::check_path`).
 pub fn check_node_path(field: &str, p: &str) -> Result<()> {
-    if !p.starts_with('/') {
-        return Err(refuse(field, p, "is not an absolute path"));
+    use kata_addons_facts::PathError;
+    match kata_addons_facts::check_path(p) {
+        Ok(()) => Ok(()),
+        Err(PathError::Relative(_)) => Err(refuse(field, p, "is not an absolute path")),
+        Err(PathError::TooLong(_) | PathError::Control(..)) => {
+            Err(refuse(field, p, "is too long or has control characters"))
+        }
+        Err(_) => Err(refuse(field, p, "is not a normalised path (no `.`, `..`, `//` or trailing `/`)")),
     }
-    if p.len() > 4096 || p.chars().any(char::is_control) {
-        return Err(refuse(field, p, "is too long or has control characters"));
-    }
-    if p.len() > 1 && (p.ends_with('/') || p[1..].split('/').any(|c| c.is_empty() || c == "." || c == "..")) {
-        return Err(refuse(field, p, "is not a normalised path (no `.`, `..`, `//` or trailing `/`)"));
-    }
-    Ok(())
 }
 
 /// A drop-in path: `<dir>/config.d/50-kata-addons.toml`, `<dir>` not the root.
@@ -88,7 +87,7 @@ pub fn check_drop_in_path(field: &str, p: &str) -> Result<()> {
 pub fn check_runtime_config(field: &str, config: &str, drop_in: &str) -> Result<()> {
     check_node_path(field, config)?;
     let (dir, name) = config.rsplit_once('/').unwrap_or(("", config));
-    if dir.is_empty() || !name.starts_with("configuration") || !name.ends_with(".toml") {
+    if dir.is_empty() || !kata_addons_facts::is_configuration_file_name(name) {
         return Err(refuse(field, config, "is not a Kata runtime configuration (<dir>/configuration*.toml)"));
     }
     if drop_in != format!("{dir}/config.d/{DROP_IN_NAME}") {
@@ -100,7 +99,7 @@ pub fn check_runtime_config(field: &str, config: &str, drop_in: &str) -> Result<
 /// A version directory name: plain, of the version grammar, not the state file.
 pub fn check_version_dir(field: &str, name: &str) -> Result<()> {
     let first_ok = name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
-    let all_ok = name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-'));
+    let all_ok = name.bytes().all(kata_addons_facts::is_version_char);
     if !first_ok || !all_ok || name.len() > MAX_DIR_NAME {
         return Err(refuse(
             field,
@@ -118,7 +117,7 @@ pub fn check_version_dir(field: &str, name: &str) -> Result<()> {
 pub fn check_file_path(field: &str, p: &str, version_dir: &str) -> Result<()> {
     check_node_path(field, p)?;
     let name = p.strip_prefix(&format!("{INSTALL_DIR}/{version_dir}/")).unwrap_or_default();
-    if !crate::policy::is_plain_file_name(name) {
+    if !kata_addons_facts::is_plain_file_name(name) {
         return Err(refuse(field, p, &format!("is not a file of the version directory {INSTALL_DIR}/{version_dir}")));
     }
     Ok(())

@@ -25,7 +25,7 @@ use crate::source::registry::RegistryClient;
 use crate::source::{Descriptor, ImageRef};
 pub use crate::state::{TrustDecision, TrustRecord};
 use policy_json::{KeySource, Policy, Requirement, docker_namespaces, oci_namespaces};
-use reference::DockerRef;
+use reference::{DockerRef, DockerRefExt};
 use registries_d::RegistriesD;
 
 /// Node path of the default policy file.

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 
 use super::policy_fields::{self, only_keys};
 pub use super::policy_fields::{Json, KeySource};
-use super::reference::DockerRef;
+use super::reference::{DockerRef, DockerRefExt};
 
 /// Requires every key of `exact` and nothing else.
 fn exact_keys(obj: &[(String, Json)], exact: &[&str], what: &str) -> Result<()> {

@@ -1,93 +1,65 @@
-//! Docker references as containers/image compares them in signatures and policy scopes,
-//! parsed with the host's one image-reference parser ([`ImageRef::parse`]).
+//! Docker references as containers/image compares them in signatures and policy scopes:
+//! the shared grammar's normalised [`Named`] (`kata-addons-facts`), with the readings the
+//! trust policy needs.
 
-use std::fmt;
-
-use anyhow::{Result, bail};
-
-use crate::source::ImageRef;
+use anyhow::{Result, anyhow, bail};
+use kata_addons_facts::reference::{self, Familiar, Named};
 
 /// A normalised Docker reference: `host/repository[:tag][@digest]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DockerRef {
-    /// Registry host with port.
-    pub registry: String,
-    /// Repository path.
-    pub repository: String,
-    /// Tag, if any.
-    pub tag: Option<String>,
-    /// Digest, if any.
-    pub digest: Option<String>,
-}
+pub type DockerRef = Named;
 
-impl DockerRef {
+/// The readings of a [`DockerRef`] the trust policy uses.
+pub trait DockerRefExt: Sized {
     /// Parses and normalises (`busybox` = `docker.io/library/busybox`), like
     /// `reference.ParseNormalizedNamed`.
-    pub fn parse(s: &str) -> Result<DockerRef> {
-        if s.starts_with("oci:") || s.trim() != s {
+    fn parse(s: &str) -> Result<Self>;
+    /// Parses a reference that must already be in canonical form (`reference.ParseNamed`).
+    fn parse_canonical(s: &str) -> Result<Self>;
+    /// The reference the policy sees for an image: a reference without tag or digest
+    /// means `:latest`, as containers/image's docker transport reads it.
+    fn of_image(registry: &str, repository: &str, tag: Option<&str>, digest: Option<&str>) -> Self;
+    /// Neither tag nor digest.
+    fn is_name_only(&self) -> bool;
+    /// The policy identity: `name@digest` when pinned, else `name:tag`.
+    fn policy_identity(&self) -> String;
+}
+
+impl DockerRefExt for Named {
+    fn parse(s: &str) -> Result<Named> {
+        if s.starts_with(reference::LAYOUT_PREFIX) || s.trim() != s {
             bail!("{s:?} is not a Docker reference");
         }
-        match ImageRef::parse(s)? {
-            ImageRef::Registry { registry, repository, tag, digest } => {
-                Ok(DockerRef { registry, repository, tag, digest })
-            }
-            ImageRef::Layout { .. } => bail!("{s:?} is not a Docker reference"),
-        }
+        reference::parse_named(s, Familiar::DockerHub)
+            .map_err(|e| anyhow!("{s:?} is not a Docker reference: {}", reference::describe(&e)))
     }
 
-    /// Parses a reference that must already be in canonical form (`reference.ParseNamed`).
-    pub fn parse_canonical(s: &str) -> Result<DockerRef> {
-        let r = DockerRef::parse(s)?;
+    fn parse_canonical(s: &str) -> Result<Named> {
+        let r = <Named as DockerRefExt>::parse(s)?;
         if r.to_string() != s {
             bail!("{s:?} is not a canonical Docker reference");
         }
         Ok(r)
     }
 
-    /// The reference the policy sees for an image: a reference without tag or digest means
-    /// `:latest`, as containers/image's docker transport reads it.
-    pub fn of_image(registry: &str, repository: &str, tag: Option<&str>, digest: Option<&str>) -> DockerRef {
-        let tag = match (tag, digest) {
-            (None, None) => Some("latest".to_string()),
-            (t, _) => t.map(str::to_string),
-        };
-        DockerRef {
+    fn of_image(registry: &str, repository: &str, tag: Option<&str>, digest: Option<&str>) -> Named {
+        Named {
             registry: registry.to_string(),
             repository: repository.to_string(),
-            tag,
+            tag: tag.map(str::to_string),
             digest: digest.map(str::to_string),
         }
+        .with_default_tag()
     }
 
-    /// `host/repository`.
-    pub fn name(&self) -> String {
-        format!("{}/{}", self.registry, self.repository)
-    }
-
-    /// Neither tag nor digest.
-    pub fn is_name_only(&self) -> bool {
+    fn is_name_only(&self) -> bool {
         self.tag.is_none() && self.digest.is_none()
     }
 
-    /// The policy identity: `name@digest` when pinned, else `name:tag`.
-    pub fn policy_identity(&self) -> String {
+    fn policy_identity(&self) -> String {
         match (&self.digest, &self.tag) {
             (Some(d), _) => format!("{}@{d}", self.name()),
             (None, Some(t)) => format!("{}:{t}", self.name()),
             (None, None) => self.name(),
         }
-    }
-}
-
-impl fmt::Display for DockerRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.name())?;
-        if let Some(t) = &self.tag {
-            write!(f, ":{t}")?;
-        }
-        if let Some(d) = &self.digest {
-            write!(f, "@{d}")?;
-        }
-        Ok(())
     }
 }

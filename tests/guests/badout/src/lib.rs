@@ -4,6 +4,16 @@
 #![no_std]
 include!("../../common/rt.rs");
 
+/// A registry source `registry/repository:v1`, its parts as given.
+fn registry(registry: &str, repository: &str) -> ImageSource {
+    ImageSource::Registry(RegistryRef {
+        registry: registry.into(),
+        repository: repository.into(),
+        tag: Some("v1".into()),
+        digest: None,
+    })
+}
+
 fn mode(env: &[KeyValue]) -> &str {
     env.iter().find(|kv| kv.name == "ADDON_MODE").map(|kv| kv.value.as_str()).unwrap_or("")
 }
@@ -34,6 +44,8 @@ impl Guest for Component {
             "bad-version" => p.version = "../v1".into(),
             "relative-verity-file" => p.artifacts[0].verity = Some(VeritySource::File("root_hash.txt".into())),
             "slash-name" => p.artifacts[0].name = Some("../x".into()),
+            "ipv6-registry" => p.source = registry("[::1]:5000", "a/b"),
+            "unnormalised-docker-hub" => p.source = registry("docker.io", "ubuntu"),
             "many-runtime-classes" => p.runtime_classes = (0..100).map(|i| alloc::format!("kata-{i}")).collect(),
             "newline-runtime-class" => p.runtime_classes = vec!["kata\n[x]".into()],
             "many-artifacts" => {
