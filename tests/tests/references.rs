@@ -122,7 +122,8 @@ fn check(policy: &Policy, image: &str) -> bool {
                 "{image:?}: {v:?}"
             );
             // Rejected is invalid configuration: exit 2 wherever it surfaces.
-            assert!(kata_addons::configmap::is_invalid_config(&anyhow::Error::new(PolicyError::Rejected(v))));
+            let err = anyhow::Error::new(PolicyError::Rejected(v));
+            assert_eq!(kata_addons::error::classify(&err).exit_code(), 2, "{image:?}");
             false
         }
         Err(other) => panic!("{image:?}: {other}"),
