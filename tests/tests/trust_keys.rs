@@ -6,7 +6,7 @@
 //! signatures in the past), every signature is a simple signing payload signed by `gpg
 //! --sign` into a file lookaside. Each case is judged by three parties, which must agree
 //! with the expected outcome: `gpg --verify` with only that key imported (the engine gpgme
-//! drives: accepted only on GOODSIG), `skopeo copy` (Debian's 1.9.3; it predates
+//! drives: accepted only on one signature, GOODSIG), `skopeo copy` (Debian's 1.9.3; it predates
 //! containers/image's subkey matching of 2025, so it judges the cases signed by a primary
 //! key only), and `kata-addons fetch`.
 
@@ -128,7 +128,9 @@ fn gpg_accepts(dir: &Path, keys: &[PathBuf], sig: &Path) -> (bool, String) {
         .expect("gpg --verify");
     let status = String::from_utf8_lossy(&o.stdout).into_owned();
     let _ = Command::new("gpgconf").env("GNUPGHOME", &v.home).args(["--kill", "all"]).output();
-    (status.lines().any(|l| l.starts_with("[GNUPG:] GOODSIG ")), status)
+    // gpgme's Verify in containers/image: exactly one signature, and it is good.
+    let count = |tag: &str| status.lines().filter(|l| l.starts_with(tag)).count();
+    (count("[GNUPG:] NEWSIG") == 1 && count("[GNUPG:] GOODSIG ") == 1, status)
 }
 
 struct Case {
@@ -292,6 +294,20 @@ fn key_validity_matrix() {
         Case { name: "signature-expired", accept: false, skopeo: true, says: "the signature expired" },
         vec![key_file("signature-expired")],
         &|p| gpg.sign(&k, p, &sig_of(p), Some("20200101T120000!"), Some("1d")),
+    );
+
+    // Two signatures in one message (the listed key's and another's): gpgme's count is not 1.
+    let k = gpg.key("Listed <listed@test>", "sign", "never", None);
+    let other = gpg.key("Other <other@test>", "sign", "never", None);
+    gpg.export(&k, &key_file("two-signatures"));
+    add(
+        Case { name: "two-signatures", accept: false, skopeo: true, says: "carries 2 signatures" },
+        vec![key_file("two-signatures")],
+        &|p| {
+            let (o, p2) = (sig_of(p), p.to_str().expect("utf8").to_string());
+            let (a, b) = (format!("{k}!"), format!("{other}!"));
+            gpg.run(None, &["-u", &a, "-u", &b, "--output", o.to_str().expect("utf8"), "--sign", &p2], None);
+        },
     );
 
     let policy_file = t.join("policy.json");

@@ -7,7 +7,8 @@
 //! reason or `WrongKeyUsage` refuses): a signature is refused when the key that made it, or
 //! its primary key, carries a valid revocation (any reason), has expired, or (a subkey) is
 //! not bound with the signing flag and a valid back-signature; and when the signature has
-//! expired, predates its key, or is dated in the future. Only self-signatures made by the
+//! expired, predates its key, or is dated in the future; a message with more than one
+//! signature is refused (`Unexpected GPG signature count`). Only self-signatures made by the
 //! primary key count; others are ignored, as GnuPG ignores them. A valid signing subkey of
 //! a listed primary key signs for it (containers/image's subkey matching, 2025).
 
@@ -216,6 +217,14 @@ impl Keyring {
         (&mut msg).take(MAX_PAYLOAD + 1).read_to_end(&mut data).context("reading the signed payload")?;
         if data.len() as u64 > MAX_PAYLOAD {
             bail!("the signed payload is larger than {MAX_PAYLOAD} bytes");
+        }
+        if let Message::Signed { reader, .. } = &msg
+            && reader.num_signatures() != 1
+        {
+            bail!(
+                "the OpenPGP message carries {} signatures, exactly one is accepted (as containers/image's gpgme mechanism)",
+                reader.num_signatures()
+            );
         }
         let now = now();
         for key in &self.keys {
