@@ -163,6 +163,24 @@ fn label(s: &str, first: impl Fn(u8) -> bool, rest: impl Fn(u8) -> bool) -> bool
     }
 }
 
+/// Longest DNS-1123 label, in characters.
+pub const MAX_DNS_LABEL: usize = 63;
+
+/// A DNS-1123 label (Kubernetes `IsDNS1123Label`, what `RuntimeClass.handler` must be):
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most [`MAX_DNS_LABEL`] characters.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    match (b.first(), b.last()) {
+        (Some(f), Some(l)) => {
+            b.len() <= MAX_DNS_LABEL
+                && *f != b'-'
+                && *l != b'-'
+                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        }
+        _ => false,
+    }
+}
+
 /// Exactly 64 lowercase hex characters (a sha256 value).
 pub fn is_sha256_hex(h: &str) -> bool {
     h.len() == 64 && is_lower_hex(h)

@@ -17,6 +17,7 @@ mod policy;
 mod providers;
 mod reference;
 mod render;
+mod runtime_class;
 
 pub use policy::{MAX_VIOLATIONS, env, plan};
 pub use render::render;

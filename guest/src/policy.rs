@@ -20,7 +20,8 @@ const VERSION: usize = 2;
 const PATHS: usize = 3;
 /// Index of the first artifact sha256; kernel, initrd, image follow in that order.
 const SHAS: usize = 6;
-const FIELDS: usize = 9;
+const RUNTIME_CLASS: usize = 9;
+const FIELDS: usize = 10;
 
 /// Key names per field (in the fixed env order): ConfigMap key, env var.
 const KEYS: [(&str, &str); FIELDS] = [
@@ -33,6 +34,7 @@ const KEYS: [(&str, &str); FIELDS] = [
     ("kernelSha256", "ADDON_KERNEL_SHA256"),
     ("initrdSha256", "ADDON_INITRD_SHA256"),
     ("imageSha256", "ADDON_IMAGE_SHA256"),
+    ("runtimeClass", "ADDON_RUNTIME_CLASS"),
 ];
 
 /// Which of the two key namings an input uses.
@@ -67,6 +69,8 @@ struct Config {
     paths: [Option<String>; 3],
     /// Expected sha256 of kernel, initrd, image.
     shas: [Option<String>; 3],
+    /// RuntimeClass handlers, in order, each once; empty: the standard configurations.
+    runtime_classes: Vec<String>,
 }
 
 /// Most violations one call returns; the last one then says how many were left out.
@@ -279,9 +283,14 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
         ));
     }
 
+    let runtime_classes = match values[RUNTIME_CLASS] {
+        Some(v) => crate::runtime_class::parse(naming.key(RUNTIME_CLASS), v, &mut errs),
+        None => Vec::new(),
+    };
+
     match (errs.is_empty(), parsed, provider, version) {
         (true, Some(r), Some(provider), Some(version)) => {
-            Ok(Config { image: r.normalised, source: r.source, provider, version, paths, shas })
+            Ok(Config { image: r.normalised, source: r.source, provider, version, paths, shas, runtime_classes })
         }
         _ => Err(errs),
     }
@@ -322,6 +331,9 @@ pub fn env(data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
             out.push(KeyValue::new(key(SHAS + a), h));
         }
     }
+    if !c.runtime_classes.is_empty() {
+        out.push(KeyValue::new(key(RUNTIME_CLASS), c.runtime_classes.join(",")));
+    }
     Ok(out)
 }
 
@@ -356,7 +368,7 @@ pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>
         source: c.source,
         provider: c.provider,
         version: c.version,
-        runtime_classes: Vec::new(),
+        runtime_classes: c.runtime_classes,
         runtime_configs: providers::runtime_configs(c.provider, &node.kata_prefix),
         artifacts,
     })
