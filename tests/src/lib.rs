@@ -14,6 +14,7 @@
 //! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
 //! - [`hostile`]: a raw tar writer for hostile layers and the catalogue `bench/hostile` measures;
+//! - [`oras`]: a real ORAS client (the ORAS Python SDK) pushing OCI artifacts, indexes, layouts;
 //! - [`node`]: a throwaway node root with sample Kata configs, snapshots, effective config;
 //! - [`measure`]: run the binary and read its peak RSS and CPU time;
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
@@ -28,6 +29,7 @@ pub mod hostile;
 pub mod image;
 pub mod measure;
 pub mod node;
+pub mod oras;
 pub mod proxy;
 pub mod registry;
 pub mod tls;
@@ -68,6 +70,18 @@ pub fn run_kata(args: &[&str]) -> Output {
         .expect("run kata-addons");
     drop(home);
     out
+}
+
+/// Runs `kata-addons` with `args` in a clean environment: only `PATH`, a temporary `HOME`,
+/// and `env`.
+pub fn run_kata_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let home = tempfile::tempdir().expect("temp HOME");
+    let mut c = Command::new(kata_addons_bin());
+    c.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default()).env("HOME", home.path());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.args(args).output().expect("run kata-addons")
 }
 
 /// stdout and stderr of an output, for assertion messages.

@@ -309,3 +309,26 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A small tmpfs mounted at `path` (root only), unmounted on drop: a full filesystem for tests.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs with mount options `opts` (e.g. `size=1m,mode=0755`) at `path`.
+    pub fn mount(path: &Path, opts: &str) -> Tmpfs {
+        std::fs::create_dir_all(path).expect("mountpoint");
+        let o = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(path)
+            .output()
+            .expect("mount");
+        assert!(o.status.success(), "mounting a tmpfs needs root: {}", crate::show(&o));
+        Tmpfs(path.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}

@@ -7,7 +7,7 @@
 use std::process::{Command, Output};
 
 use kata_addons_tests::node::{BASE_CONFIG, KATA_DEPLOY_DEFAULTS, Node, content_snapshot, layout_with, noise};
-use kata_addons_tests::{kata_addons_bin, sha256_hex, show};
+use kata_addons_tests::{kata_addons_bin, run_kata_env, sha256_hex, show};
 
 /// [`content_snapshot`] / [`Node::snapshot`] without the node lock (`/run/kata-addons.lock`),
 /// which the runner keeps.
@@ -18,13 +18,7 @@ fn without_lock(mut m: std::collections::BTreeMap<String, String>) -> std::colle
 
 /// Runs `kata-addons` with a clean environment plus `env`.
 fn kata(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let home = tempfile::tempdir().expect("temp HOME");
-    let mut c = Command::new(kata_addons_bin());
-    c.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default()).env("HOME", home.path());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.args(args).output().expect("run kata-addons")
+    run_kata_env(args, env)
 }
 
 /// Two versions of a TDX kernel + initrd in OCI layouts.

@@ -3,22 +3,15 @@
 //! providers, checksums, hostile node layouts, read-only and full filesystems,
 //! concurrency.
 
-use std::path::Path;
 use std::process::{Command, Output};
 
-use kata_addons_tests::node::{Node, content_snapshot, layout_with, noise};
+use kata_addons_tests::node::{Node, Tmpfs, content_snapshot, layout_with, noise};
 use kata_addons_tests::registry::Registry;
-use kata_addons_tests::{kata_addons_bin, sha256_hex, show};
+use kata_addons_tests::{kata_addons_bin, run_kata_env, sha256_hex, show};
 
 /// Runs `kata-addons` with a clean environment plus `env`.
 fn kata(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let home = tempfile::tempdir().expect("temp HOME");
-    let mut c = Command::new(kata_addons_bin());
-    c.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default()).env("HOME", home.path());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.args(args).output().expect("run kata-addons")
+    run_kata_env(args, env)
 }
 
 fn root_arg(node: &Node) -> String {
@@ -319,24 +312,6 @@ fn concurrent_installs_are_serialised() {
     assert_eq!((installed, up_to_date), (1, 3), "exactly one run installs, the others find it done");
     assert_eq!(status(&node).status.code(), Some(0));
     assert_eq!(node.config_d_entries("se"), vec!["50-kata-addons.toml"]);
-}
-
-/// Mounts a small tmpfs at `path` (root only); unmounted on drop.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(path: &Path, opts: &str) -> Tmpfs {
-        std::fs::create_dir_all(path).expect("mountpoint");
-        let o = Command::new("mount").args(["-t", "tmpfs", "-o", opts, "tmpfs"]).arg(path).output().expect("mount");
-        assert!(o.status.success(), "mounting a tmpfs needs root: {}", show(&o));
-        Tmpfs(path.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
 }
 
 #[test]

@@ -102,6 +102,30 @@ pub async fn read_layer(
         streams: pass.streams.clone(),
     };
     let thread = tokio::task::spawn_blocking(move || run(job, rx));
+    let streamed = stream_verified(&mut blob, desc, tx).await;
+    let walked = thread.await.context("layer walker thread failed")?;
+    match (streamed, walked) {
+        (Err(e), Ok(out)) => {
+            for c in out.captures.values() {
+                temps.remove(&c.tmp);
+            }
+            Err(e)
+        }
+        (Err(e), Err(_)) => Err(e),
+        (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(out)) => Ok(out),
+    }
+    .with_context(|| format!("layer {} ({})", desc.digest, desc.media_type))
+}
+
+/// Streams `blob` (of `desc`) to `tx` while hashing it on its own thread (issue 13); refuses
+/// a blob longer or shorter than its descriptor or whose digest differs. A receiver that
+/// stops early does not stop the reading: every byte is verified.
+pub async fn stream_verified(
+    blob: &mut crate::source::blob::BlobReader,
+    desc: &Descriptor,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+) -> Result<()> {
     let bar = crate::progress::layer(&desc.digest, desc.size);
     let streamed: Result<()> = async {
         let mut tx = Some(tx);
@@ -136,17 +160,5 @@ pub async fn read_layer(
     }
     .await;
     bar.finish_and_clear();
-    let walked = thread.await.context("layer walker thread failed")?;
-    match (streamed, walked) {
-        (Err(e), Ok(out)) => {
-            for c in out.captures.values() {
-                temps.remove(&c.tmp);
-            }
-            Err(e)
-        }
-        (Err(e), Err(_)) => Err(e),
-        (Ok(()), Err(e)) => Err(e),
-        (Ok(()), Ok(out)) => Ok(out),
-    }
-    .with_context(|| format!("layer {} ({})", desc.digest, desc.media_type))
+    streamed
 }

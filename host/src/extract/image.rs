@@ -63,7 +63,8 @@ pub fn check_dest_name(n: &str) -> Result<()> {
     Ok(())
 }
 
-/// Extracts `wanted` (whose normalised paths are `paths`) from the layers of `resolved`.
+/// Extracts `wanted` (whose normalised paths are `paths`) from the layers of `resolved`,
+/// or from its titled layers when it is an OCI artifact ([`super::artifact`]).
 pub async fn extract(
     limits: &Limits,
     source: &BlobSource,
@@ -72,10 +73,6 @@ pub async fn extract(
     wanted: &[Wanted],
     temps: &TempFiles,
 ) -> Result<Extracted> {
-    // Refuse unknown media types before reading anything.
-    for l in &resolved.layers {
-        Compression::from_media_type(&l.media_type).with_context(|| format!("layer {}", l.digest))?;
-    }
     let n = resolved.layers.len();
     if n > limits.max_layers {
         bail!(
@@ -84,7 +81,6 @@ pub async fn extract(
             limits.max_layers
         );
     }
-    let top_first: Vec<&Descriptor> = resolved.layers.iter().rev().collect();
     let pass = Pass {
         limits,
         source,
@@ -95,14 +91,56 @@ pub async fn extract(
             paths.iter().zip(wanted).filter_map(|(p, w)| w.verity.clone().map(|v| (p.clone(), v))).collect(),
         ),
     };
+    let captured = match &resolved.artifact {
+        Some(artifact) => super::artifact::extract(&pass, resolved, artifact, paths).await?,
+        None => {
+            // Refuse unknown media types before reading anything.
+            for l in &resolved.layers {
+                Compression::from_media_type(&l.media_type).with_context(|| format!("layer {}", l.digest))?;
+            }
+            let layers: Vec<&Descriptor> = resolved.layers.iter().collect();
+            capture_in_layers(&pass, &layers, paths, &resolved.origin, &|_, _| Ok(())).await?
+        }
+    };
+    let files = hand_out(&pass, wanted, &captured.files)?;
+    Ok(Extracted { files, layers_read: captured.layers_read })
+}
+
+/// The files found for the wanted paths, and what was read to find them.
+pub struct Captured {
+    /// One per wanted path, in order (two paths may share one capture).
+    pub files: Vec<Capture>,
+    /// Digests of the blobs read, in order (a blob read twice appears twice).
+    pub layers_read: Vec<String>,
+}
+
+/// Finds `paths` (normalised) in the merged view of `layers` (bottom first): reads layers top
+/// first until every path is decided, then a second pass over layers whose file was not
+/// copied in the first. `check` sees each layer's index as soon as it is read.
+pub async fn capture_in_layers(
+    pass: &Pass<'_>,
+    layers: &[&Descriptor],
+    paths: &[String],
+    origin: &str,
+    check: &dyn Fn(&Descriptor, &LayerIndex) -> Result<()>,
+) -> Result<Captured> {
+    let temps = pass.temps;
+    let n = layers.len();
+    let top_first: Vec<&Descriptor> = layers.iter().rev().copied().collect();
     let mut indexes: Vec<Arc<LayerIndex>> = Vec::new();
     let mut captures: HashMap<(usize, String), Capture> = HashMap::new();
     let mut layers_read = Vec::new();
     let mut results: Vec<Resolution> = Vec::new();
     for (k, desc) in top_first.iter().enumerate() {
-        let out = read_layer(&pass, desc, k, indexes.clone(), Mode::Discover(paths.to_vec())).await?;
+        let out = read_layer(pass, desc, k, indexes.clone(), Mode::Discover(paths.to_vec())).await?;
         layers_read.push(desc.digest.clone());
         tracing::debug!("layer {k} {}: {} entries", desc.digest, out.index.len());
+        if let Err(e) = check(desc, &out.index) {
+            for c in out.captures.values() {
+                temps.remove(&c.tmp);
+            }
+            return Err(e);
+        }
         indexes.push(Arc::new(out.index));
         for (p, c) in out.captures {
             captures.insert((k, p), c);
@@ -116,15 +154,15 @@ pub async fn extract(
     // Every wanted path is decided.
     let mut missing = Vec::new();
     let mut targets = Vec::new();
-    for (w, r) in wanted.iter().zip(&results) {
+    for (p, r) in paths.iter().zip(&results) {
         match r {
             Resolution::File { layer, path, .. } => targets.push((*layer, path.clone())),
-            Resolution::Missing(why) => missing.push(format!("{}: {why}", w.path)),
-            Resolution::Unknown { .. } => missing.push(format!("{}: undecided", w.path)),
+            Resolution::Missing(why) => missing.push(format!("/{p}: {why}")),
+            Resolution::Unknown { .. } => missing.push(format!("/{p}: undecided")),
         }
     }
     if !missing.is_empty() {
-        bail!("{}: not a regular file in the image: {}", resolved.origin, missing.join("; "));
+        bail!("{origin}: not a regular file in the image: {}", missing.join("; "));
     }
     // Second pass over layers whose needed file was not copied in the first pass.
     let mut reread: HashMap<usize, HashSet<String>> = HashMap::new();
@@ -139,7 +177,7 @@ pub async fn extract(
         let set = reread.remove(&k).unwrap_or_default();
         let desc = top_first[k];
         tracing::debug!("reading layer {} again for {:?}", desc.digest, set);
-        let out = read_layer(&pass, desc, k, indexes[..k].to_vec(), Mode::Exact(set)).await?;
+        let out = read_layer(pass, desc, k, indexes[..k].to_vec(), Mode::Exact(set)).await?;
         layers_read.push(desc.digest.clone());
         for (p, c) in out.captures {
             if let Some(old) = captures.insert((k, p), c) {
@@ -147,18 +185,28 @@ pub async fn extract(
             }
         }
     }
-    // Every layer read was verified: hand the files out.
+    let mut files = Vec::new();
+    for (p, (layer, path)) in paths.iter().zip(&targets) {
+        let c = captures
+            .get(&(*layer, path.clone()))
+            .with_context(|| format!("/{p}: /{path} was not captured from layer {layer}"))?;
+        files.push(c.clone());
+    }
+    Ok(Captured { files, layers_read })
+}
+
+/// Every blob read was verified: renames the captured files to their destination names
+/// (fsync, mode 0644; a capture named by two wanted paths is copied for the second).
+fn hand_out(pass: &Pass<'_>, wanted: &[Wanted], captured: &[Capture]) -> Result<Vec<FetchedFile>> {
+    let temps = pass.temps;
     let dir = temps.dir();
     let mut sum = 0u64;
     let mut files = Vec::new();
     let mut placed: HashMap<String, String> = HashMap::new(); // tmp -> dest name
-    for (w, (layer, path)) in wanted.iter().zip(&targets) {
-        let c = captures
-            .get(&(*layer, path.clone()))
-            .with_context(|| format!("{}: /{path} was not captured from layer {layer}", w.path))?;
+    for (w, c) in wanted.iter().zip(captured) {
         sum += c.size;
-        if sum > limits.max_total_size {
-            bail!("the files exceed the total limit of {} bytes", limits.max_total_size);
+        if sum > pass.limits.max_total_size {
+            bail!("the files exceed the total limit of {} bytes", pass.limits.max_total_size);
         }
         let tmp = match placed.get(&c.tmp) {
             None => {
@@ -181,7 +229,7 @@ pub async fn extract(
         });
     }
     sync_dir(dir)?;
-    Ok(Extracted { files, layers_read })
+    Ok(files)
 }
 
 fn copy_within(temps: &TempFiles, from: &str, to: &str) -> Result<String> {

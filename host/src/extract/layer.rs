@@ -92,13 +92,13 @@ fn candidates(job: &LayerJob, index: &LayerIndex, wanted: &[String], visited: &m
 }
 
 /// Bytes written to a captured file between two requests to start writing them back.
-const WRITEBACK_STEP: u64 = 4 << 20;
+pub(crate) const WRITEBACK_STEP: u64 = 4 << 20;
 
 /// Asks the kernel to start writing `len` bytes at `offset` of `file` back to disk now,
 /// without waiting, so that the final `fsync` overlaps decompression instead of following
 /// it. Only a hint: failure is ignored (the `fsync` is what makes the data durable).
 #[cfg(target_os = "linux")]
-fn start_writeback(file: &cap_std::fs::File, offset: u64, len: u64) {
+pub(crate) fn start_writeback(file: &cap_std::fs::File, offset: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };
     // SAFETY: a plain syscall on a descriptor we own; no memory is passed.
@@ -108,7 +108,7 @@ fn start_writeback(file: &cap_std::fs::File, offset: u64, len: u64) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn start_writeback(_file: &cap_std::fs::File, _offset: u64, _len: u64) {}
+pub(crate) fn start_writeback(_file: &cap_std::fs::File, _offset: u64, _len: u64) {}
 
 /// Temporary files open for writing during one layer pass, by path, and the copy buffer:
 /// a later duplicate of a path rewrites its file in place, so a layer repeating the wanted

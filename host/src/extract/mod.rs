@@ -4,11 +4,13 @@
 //! blocking walker, digest verified), [`decode`] (compression, decompression-bomb cap),
 //! [`layer`] (the walker), [`tarstream`] (the tar reader), [`tempfiles`] and [`limits`].
 
+pub mod artifact;
 pub mod bridge;
 pub mod decode;
 pub mod image;
 pub mod layer;
 pub mod limits;
+pub mod raw;
 pub mod tarstream;
 pub mod tempfiles;
 
@@ -205,6 +207,15 @@ impl LayerIndex {
             self.whiteouts.insert(target);
         }
         Ok(true)
+    }
+
+    /// The first path this layer records (entry, whiteout or opaque marker) that is not
+    /// the directory `dir` or beneath it (an OCI artifact's unpacked directory, DESIGN §7a).
+    pub fn first_outside(&self, dir: &str) -> Option<&str> {
+        let below = |p: &str| p.len() > dir.len() && p.starts_with(dir) && p.as_bytes()[dir.len()] == b'/';
+        let entries = self.entries.keys().find(|p| p.as_str() != dir && !below(p));
+        let markers = self.whiteouts.iter().chain(self.opaque.iter()).find(|p| !below(p));
+        entries.or(markers).map(String::as_str)
     }
 
     /// Whether this layer implies `p` is a directory (something below it is recorded).

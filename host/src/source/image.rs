@@ -97,6 +97,8 @@ pub struct ResolvedImage {
     pub top_digest: String,
     /// Layers, bottom first (manifest order).
     pub layers: Vec<Descriptor>,
+    /// The titled files when the manifest is an OCI artifact (DESIGN §7a), else `None`.
+    pub artifact: Option<super::artifact::Artifact>,
     /// Human-readable name of where the image came from (for messages).
     pub origin: String,
     /// The registry endpoint (mirror or source) the manifest came from; `None` for a layout.

@@ -102,8 +102,15 @@ pub async fn resolve(root: &Path, tag: Option<&str>, platform: &Platform) -> Res
         let body = read_verified(root, &desc).await.with_context(|| format!("{origin}: manifest {}", desc.digest))?;
         match manifest::parse(&body, Some(&desc.media_type), platform, &origin)? {
             Parsed::Index(d) => desc = d,
-            Parsed::Manifest(layers) => {
-                return Ok(ResolvedImage { manifest_digest: desc.digest, top_digest, layers, origin, endpoint: None });
+            Parsed::Manifest(layers, artifact) => {
+                return Ok(ResolvedImage {
+                    manifest_digest: desc.digest,
+                    top_digest,
+                    layers,
+                    artifact,
+                    origin,
+                    endpoint: None,
+                });
             }
         }
     }

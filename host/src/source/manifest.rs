@@ -3,6 +3,7 @@
 use anyhow::{Context, Result, bail};
 use oci_spec::image::{Descriptor as OciDescriptor, ImageIndex, ImageManifest};
 
+use super::artifact::{self, Artifact};
 use super::image::{Descriptor, Platform};
 use super::reference::valid_digest;
 
@@ -22,8 +23,9 @@ pub const ACCEPTED: [&str; 4] = [OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKE
 pub enum Parsed {
     /// An image index / manifest list: the descriptor chosen for the platform.
     Index(Descriptor),
-    /// An image manifest: its layers, bottom first.
-    Manifest(Vec<Descriptor>),
+    /// An image manifest: its layers, bottom first, and what they hold when it is an OCI
+    /// artifact ([`artifact::is_artifact`]).
+    Manifest(Vec<Descriptor>, Option<Artifact>),
 }
 
 fn descriptor(d: &OciDescriptor, what: &str) -> Result<Descriptor> {
@@ -92,12 +94,17 @@ pub fn parse(body: &[u8], content_type: Option<&str>, platform: &Platform, origi
     let m: ImageManifest =
         serde_json::from_value(doc).with_context(|| format!("{origin}: malformed image manifest"))?;
     descriptor(m.config(), "config")?;
-    m.layers()
+    let layers = m
+        .layers()
         .iter()
         .map(|l| descriptor(l, "layer"))
         .collect::<Result<Vec<_>>>()
-        .map(Parsed::Manifest)
-        .with_context(|| format!("{origin}: bad layer descriptor"))
+        .with_context(|| format!("{origin}: bad layer descriptor"))?;
+    let artifact = match artifact::is_artifact(&m) {
+        true => Some(artifact::parse(&m).with_context(|| format!("{origin}: OCI artifact"))?),
+        false => None,
+    };
+    Ok(Parsed::Manifest(layers, artifact))
 }
 
 /// sha256 of `data` as `sha256:<hex>`.

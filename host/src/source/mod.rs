@@ -3,6 +3,7 @@
 //! Both resolve an [`ImageRef`] to a [`ResolvedImage`] (manifest digest and layer
 //! descriptors) and open layer blobs as a [`BlobReader`], so the extraction code is shared.
 
+pub mod artifact;
 pub mod auth;
 pub mod blob;
 pub mod blobhash;

@@ -96,11 +96,12 @@ impl RegistryClient {
         for _ in 0..4 {
             let what = format!("{origin} ({first})");
             match manifest::parse(&body, ct.as_deref(), &self.opts.platform, &what)? {
-                Parsed::Manifest(layers) => {
+                Parsed::Manifest(layers, artifact) => {
                     return Ok(ResolvedImage {
                         manifest_digest: dgst,
                         top_digest,
                         layers,
+                        artifact,
                         origin,
                         endpoint: Some(self.endpoint().clone()),
                     });
