@@ -481,3 +481,29 @@ fn the_coco_extension_disk_shape_is_fetched_as_published() {
 #[test]
 #[ignore = "needs issue 18 keys (imageVerityPath, extensionPath) on main"]
 fn a_kernel_a_verity_image_and_an_extension_install_from_one_artifact() {}
+
+/// The README's worked example: its `oras push` of a kernel, then its ConfigMap, installed.
+#[test]
+fn the_readme_worked_example_installs() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README");
+    let section = &readme[readme.find("## OCI artifacts").expect("README section on OCI artifacts")..];
+    let block = |fence: &str| {
+        let start = section.find(fence).expect("code block") + fence.len();
+        section[start..start + section[start..].find("```").expect("end of block")].to_string()
+    };
+    let (push, configmap) = (block("```sh\n"), block("```yaml\n"));
+    let reference = "registry.example.com/kata/se-kernel:v1.0";
+    assert!(push.contains(reference) && configmap.contains(reference), "{push}\n{configmap}");
+    assert!(push.contains("--artifact-type application/vnd.kata-containers.kernel vmlinuz"), "{push}");
+    let reg = Registry::start();
+    let kernel = noise(200_000, 15);
+    let w = Workdir::new();
+    w.file("vmlinuz", &kernel);
+    w.push(&reg.host(), "kata/se-kernel:v1.0", Some("application/vnd.kata-containers.kernel"), &["vmlinuz"]);
+    let cm = w.dir.path().join("configmap.yaml");
+    std::fs::write(&cm, configmap.replace("registry.example.com", &reg.host())).expect("configmap");
+    let node = Node::new();
+    let o = install(&node, &reg, &[], &["--configmap", cm.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(read_node_file(&node, &node.qemu_key("se", "kernel").expect("kernel")), kernel);
+}
