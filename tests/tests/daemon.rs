@@ -309,3 +309,35 @@ fn periodic_resync_alone_repairs_drift_within_two_periods() {
     let st = Command::new(kata_addons_bin()).args(["status", "--root"]).arg(node.root()).output().expect("status");
     assert_eq!(st.status.code(), Some(0), "{}", show(&st));
 }
+
+/// The DaemonSet entry point installs an OCI artifact pushed by a real ORAS client, from a
+/// registry the node's registries.conf marks insecure, and follows a change to another one.
+#[test]
+fn daemon_installs_oci_artifacts() {
+    let reg = kata_addons_tests::registry::Registry::start();
+    let (k1, k2) = (noise(150_000, 31), noise(150_000, 32));
+    let w = kata_addons_tests::oras::Workdir::new();
+    for (tag, k) in [("v1", &k1), ("v2", &k2)] {
+        w.file("vmlinuz", k);
+        w.push(
+            &reg.host(),
+            &format!("kata/daemon:{tag}"),
+            Some("application/vnd.kata-containers.kernel"),
+            &["vmlinuz"],
+        );
+    }
+    let node = Node::new();
+    node.write(
+        "/etc/containers/registries.conf",
+        &format!("[[registry]]\nlocation = \"{}\"\ninsecure = true\n", reg.host()),
+    );
+    let image = |tag: &str| format!("{}/kata/daemon:{tag}", reg.host());
+    let mut cm = ConfigMapDir::new(&[("addonImage", &image("v1")), ("kernelPath", "/vmlinuz")]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let ready = dir.path().join("ready");
+    let d = Daemon::start(&node, cm.path(), &ready, dir.path().join("daemon.log"));
+    wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
+    assert_eq!(kernel_sha(&node), Some(sha256_hex(&k1)), "{}", d.log());
+    cm.update(&[("addonImage", &image("v2")), ("kernelPath", "/vmlinuz")]);
+    wait_for("the upgrade", Duration::from_secs(60), || kernel_sha(&node) == Some(sha256_hex(&k2)), || d.log());
+}
