@@ -71,6 +71,16 @@ pub struct Pull<'a> {
     trusted: Mutex<HashMap<String, TrustRecord>>,
     /// Manifests already resolved, by endpoint and reference.
     resolved: Mutex<HashMap<String, ResolvedImage>>,
+    /// Endpoints that failed, with the error: not contacted again during this pull (one
+    /// install's resolve, trust and fetch passes).
+    failed: Mutex<HashMap<String, String>>,
+    /// When the pull must have ended (`--pull-deadline` after its first registry step).
+    deadline: OnceLock<tokio::time::Instant>,
+}
+
+/// The key of an endpoint in [`Pull`]'s maps.
+fn endpoint_key(ep: &Endpoint) -> String {
+    format!("{}|{}|{}", ep.host, ep.repository, ep.insecure)
 }
 
 impl<'a> Pull<'a> {
@@ -83,6 +93,25 @@ impl<'a> Pull<'a> {
             budget: OnceLock::new(),
             trusted: Mutex::new(HashMap::new()),
             resolved: Mutex::new(HashMap::new()),
+            failed: Mutex::new(HashMap::new()),
+            deadline: OnceLock::new(),
+        }
+    }
+
+    /// When the pull must have ended: `--pull-deadline` after the first registry step.
+    fn deadline(&self) -> tokio::time::Instant {
+        *self.deadline.get_or_init(|| tokio::time::Instant::now() + self.opts.registry.pull_deadline)
+    }
+
+    /// The error of `ep` if it already failed during this pull.
+    fn failed(&self, ep: &Endpoint) -> Option<String> {
+        self.failed.lock().ok().and_then(|m| m.get(&endpoint_key(ep)).cloned())
+    }
+
+    /// Remembers that `ep` failed with `e`.
+    fn remember_failure(&self, ep: &Endpoint, e: &anyhow::Error) {
+        if let Ok(mut m) = self.failed.lock() {
+            m.entry(endpoint_key(ep)).or_insert_with(|| format!("{e:#}"));
         }
     }
 
@@ -136,7 +165,7 @@ impl<'a> Pull<'a> {
 
     /// An authenticated client for `ep`, connecting on first use.
     async fn client(&self, ep: &Endpoint) -> Result<Arc<RegistryClient>> {
-        let key = format!("{}|{}|{}", ep.host, ep.repository, ep.insecure);
+        let key = endpoint_key(ep);
         if let Some(c) = self.clients.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(c);
         }
@@ -147,7 +176,11 @@ impl<'a> Pull<'a> {
         let tls = config.tls_for(ep)?;
         let auth = config.auth_for(ep)?;
         let opts = &self.opts.registry;
-        let budget = self.budget.get_or_init(|| Arc::new(RetryBudget::new(opts.retry.clone()))).clone();
+        let deadline = self.deadline();
+        let budget = self
+            .budget
+            .get_or_init(|| Arc::new(RetryBudget::with_deadline(opts.retry.clone(), deadline, opts.pull_deadline)))
+            .clone();
         let client = Arc::new(RegistryClient::connect(opts, ep, &tls, auth, budget).await?);
         if let Ok(mut m) = self.clients.lock() {
             m.insert(key, client.clone());
@@ -196,7 +229,23 @@ impl<'a> Pull<'a> {
     /// Tries each endpoint (mirrors first) until `f` succeeds on an image the trust policy
     /// admits; returns its result and that decision, or the primary's error. A refusal by
     /// the trust policy is final (the next mirror is not tried, as in containers/image).
-    async fn over_endpoints<T, F, Fut>(&self, image: &ImageRef, mut f: F) -> Result<(T, TrustRecord)>
+    /// An endpoint that failed earlier in this pull is not contacted again, and when every
+    /// one failed the error names each; everything ends by the pull deadline.
+    async fn over_endpoints<T, F, Fut>(&self, image: &ImageRef, f: F) -> Result<(T, TrustRecord)>
+    where
+        F: FnMut(BlobSource, ResolvedImage) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        match tokio::time::timeout_at(self.deadline(), self.over_endpoints_once(image, f)).await {
+            Ok(r) => r,
+            Err(_) => Err(anyhow!(
+                "{image}: the pull did not finish within the pull deadline of {} s (--pull-deadline)",
+                self.opts.registry.pull_deadline.as_secs()
+            )),
+        }
+    }
+
+    async fn over_endpoints_once<T, F, Fut>(&self, image: &ImageRef, mut f: F) -> Result<(T, TrustRecord)>
     where
         F: FnMut(BlobSource, ResolvedImage) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
@@ -214,6 +263,17 @@ impl<'a> Pull<'a> {
                     if let Some(d) = &ep.decided_by {
                         tracing::debug!("trying {} ({d})", ep.describe());
                     }
+                    if let Some(e) = self.failed(&ep) {
+                        let e = anyhow!("{} failed earlier in this pull, not contacted again: {e}", ep.describe());
+                        if ep.mirror {
+                            mirror_errors.push(format!("{e:#}"));
+                            continue;
+                        }
+                        if mirror_errors.is_empty() {
+                            return Err(e);
+                        }
+                        return Err(e.context(format!("mirrors also failed: {}", mirror_errors.join("; "))));
+                    }
                     let attempt = async {
                         let client = self.client(&ep).await?;
                         let resolved = self.resolve_at(&client, tag.as_deref(), digest.as_deref()).await?;
@@ -221,9 +281,15 @@ impl<'a> Pull<'a> {
                         Ok::<_, anyhow::Error>((f(BlobSource::Registry(client), resolved).await?, trust))
                     }
                     .await;
+                    let refused = attempt.as_ref().err().is_some_and(|e| e.downcast_ref::<trust::Refused>().is_some());
+                    if let Err(e) = &attempt
+                        && !refused
+                    {
+                        self.remember_failure(&ep, e);
+                    }
                     match attempt {
                         Ok(v) => return Ok(v),
-                        Err(e) if ep.mirror && e.downcast_ref::<trust::Refused>().is_none() => {
+                        Err(e) if ep.mirror && !refused => {
                             tracing::warn!("{} failed, trying the next endpoint: {e:#}", ep.describe());
                             mirror_errors.push(format!("{}: {e:#}", ep.describe()));
                         }

@@ -36,6 +36,8 @@ pub struct Rules {
     pub retry_after: Option<String>,
     /// Admit at most this many blob GETs at once; answer 429 past that.
     pub max_blobs: Option<usize>,
+    /// Send blob bodies one byte per this interval.
+    pub trickle_blobs: Option<std::time::Duration>,
 }
 
 /// One request as the proxy saw it.
@@ -78,6 +80,7 @@ struct Shared {
     served: BTreeMap<IpAddr, Served>,
     active_blobs: usize,
     peak_blobs: usize,
+    connections: usize,
 }
 
 /// Releases a blob admission when the response ends (or the connection drops).
@@ -136,6 +139,9 @@ impl Proxy {
                     tasks.spawn(async move {
                         loop {
                             let Ok((client, _)) = listener.accept().await else { continue };
+                            if let Ok(mut sh) = l.lock() {
+                                sh.connections += 1;
+                            }
                             let Ok(local) = client.local_addr() else { continue };
                             let (r, l) = (r.clone(), l.clone());
                             tokio::spawn(async move {
@@ -178,6 +184,11 @@ impl Proxy {
     /// Bytes and requests per listening address.
     pub fn served(&self) -> BTreeMap<IpAddr, Served> {
         self.shared.lock().expect("log").served.clone()
+    }
+
+    /// TCP connections accepted so far (a TLS attempt that never sends a request counts).
+    pub fn connections(&self) -> usize {
+        self.shared.lock().expect("log").connections
     }
 
     /// Most blob downloads that were in flight at once.
@@ -249,7 +260,7 @@ async fn handle(
     let is_blob = request_line.contains("/blobs/");
     let is_get = request_line.starts_with("GET ");
     // Decide under the locks, act after them.
-    let (stall, fail, cut, stall_after, retry_after, admission) = {
+    let (stall, fail, cut, stall_after, retry_after, admission, trickle) = {
         let mut r = rules.lock().expect("rules");
         let mut sh = shared.lock().expect("log");
         let fail = if r.fail_first > 0 && r.fail_matching.as_ref().is_none_or(|m| request_line.contains(m.as_str())) {
@@ -286,7 +297,16 @@ async fn handle(
         s.requests += 1;
         s.throttled += u64::from(throttled);
         s.failed += u64::from(fail.is_some());
-        (r.stall, injected, cut, if is_blob { r.stall_blob_after } else { None }, r.retry_after.clone(), admission)
+        let trickle = if is_blob { r.trickle_blobs } else { None };
+        (
+            r.stall,
+            injected,
+            cut,
+            if is_blob { r.stall_blob_after } else { None },
+            r.retry_after.clone(),
+            admission,
+            trickle,
+        )
     };
     if stall {
         tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
@@ -343,7 +363,15 @@ async fn handle(
                 return Ok(());
             }
         }
-        client.write_all(&chunk).await?;
+        if let Some(every) = trickle {
+            for b in &chunk {
+                client.write_all(std::slice::from_ref(b)).await?;
+                client.flush().await?;
+                tokio::time::sleep(every).await;
+            }
+        } else {
+            client.write_all(&chunk).await?;
+        }
         count(chunk.len());
         sent += chunk.len() as u64;
         let n = up.read(&mut tmp).await?;

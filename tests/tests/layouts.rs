@@ -354,6 +354,15 @@ fn a_later_fragment_overriding_a_boot_path_is_drift() {
     assert_eq!(o.status.code(), Some(4), "{}", show(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("60-gone.toml: unreadable"), "{}", show(&o));
     std::fs::remove_file(node.path(&format!("{config_d}/60-gone.toml"))).expect("rm");
+    // A runtime configuration that became a symlink loop is drift (4), not a failure (1).
+    let rc = node.path(&go);
+    std::fs::rename(&rc, rc.with_extension("saved")).expect("move aside");
+    std::os::unix::fs::symlink(rc.file_name().expect("name"), &rc).expect("symlink loop");
+    let o = kata(&["status", "--root", &root, "--output", "json"], &[]);
+    assert_eq!(o.status.code(), Some(4), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("a symlink loop"), "{}", show(&o));
+    std::fs::remove_file(&rc).expect("rm loop");
+    std::fs::rename(rc.with_extension("saved"), &rc).expect("restore");
     let o = kata(&["status", "--root", &root], &[]);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
 }

@@ -123,3 +123,40 @@ fn the_delivered_configuration_is_accepted_by_the_runner() {
     let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(doc["plan"]["provider"], "se");
 }
+
+/// Seconds of a systemd time span such as `15min`, `900`, `1h 30s` (the units the unit uses).
+fn systemd_seconds(v: &str) -> u64 {
+    let mut total = 0;
+    for part in v.split_whitespace() {
+        let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+        let n: u64 = digits.parse().unwrap_or_else(|_| panic!("time span {v:?}"));
+        total += n * match &part[digits.len()..] {
+            "" | "s" | "sec" => 1,
+            "m" | "min" => 60,
+            "h" => 3600,
+            other => panic!("unit {other:?} in {v:?}"),
+        };
+    }
+    total
+}
+
+#[test]
+fn the_pull_deadline_sits_below_the_units_start_timeout() {
+    use clap::Parser as _;
+    let unit = read(UNIT);
+    let start = unit.lines().find_map(|l| l.strip_prefix("TimeoutStartSec=")).expect("TimeoutStartSec=");
+    let start = systemd_seconds(start.trim());
+    // The runner's arguments: everything after the image in `podman run … IMAGE args`.
+    let words: Vec<&str> = exec_start(&unit).split_whitespace().collect();
+    let image = words.iter().position(|w| w.starts_with("quay.io/")).expect("the image in ExecStart");
+    let argv: Vec<&str> = std::iter::once("kata-addons").chain(words[image + 1..].iter().copied()).collect();
+    let cli = kata_addons::cli::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let kata_addons::cli::Command::Install { registry, .. } = cli.command else { panic!("the unit runs install") };
+    // The pull deadline bounds every registry request, retry and wait of the install;
+    // podman pulling the runner image needs the rest of the start timeout.
+    assert!(
+        registry.pull_deadline + 120 <= start,
+        "--pull-deadline {} s leaves less than 2 min of TimeoutStartSec={start} s",
+        registry.pull_deadline
+    );
+}

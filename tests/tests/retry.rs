@@ -264,3 +264,90 @@ fn install_reads_the_manifest_once_and_only_the_needed_layer() {
     let blobs = proxy.requests_matching("/blobs/");
     assert_eq!(blobs.len(), 1, "blob requests (only the top layer is needed): {blobs:#?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Failing fast (issue 23): dead endpoints are left at once, stalls and trickles are cut,
+// a failed endpoint is not contacted again in one install, and the pull deadline covers
+// every wait. No timing: the errors, the contact counts and the flags are checked.
+
+fn conf_file(text: &str) -> tempfile::NamedTempFile {
+    let conf = tempfile::NamedTempFile::new().expect("conf");
+    std::fs::write(conf.path(), text).expect("write conf");
+    conf
+}
+
+#[test]
+fn every_endpoint_refusing_fails_at_once_naming_each_endpoint() {
+    use kata_addons_tests::registry::free_port;
+    let (src, m1, m2) = (free_port(), free_port(), free_port());
+    let conf = conf_file(&format!(
+        "[[registry]]\nprefix = \"example.invalid/lib\"\nlocation = \"127.0.0.1:{src}/lib\"\ninsecure = true\n\
+         [[registry.mirror]]\nlocation = \"127.0.0.1:{m1}/m\"\ninsecure = true\n\
+         [[registry.mirror]]\nlocation = \"127.0.0.1:{m2}/m2\"\n"
+    ));
+    let c = conf.path().to_str().expect("utf8");
+    let f = fetch_via("example.invalid/lib", &["--registries-conf", c]);
+    let err = f.stderr();
+    assert_eq!(f.out.status.code(), Some(1), "{}", show(&f.out));
+    for (port, repo) in [(src, "lib/k"), (m1, "m/k"), (m2, "m2/k")] {
+        assert!(err.contains(&format!("127.0.0.1:{port}/{repo}")), "the error names 127.0.0.1:{port}: {err}");
+    }
+    assert!(err.contains("cannot connect (not retried)"), "{err}");
+    assert!(!err.contains("retry 1 of"), "a refused connection is not retried: {err}");
+}
+
+#[test]
+fn a_stalled_mirror_is_cut_and_not_contacted_again_in_one_install() {
+    let (reg, stalled) = setup(Rules { stall: true, ..Rules::default() });
+    let conf = conf_file(&format!(
+        "[[registry]]\nprefix = \"example.invalid/lib\"\nlocation = \"{}\"\ninsecure = true\n\
+         [[registry.mirror]]\nlocation = \"{}\"\ninsecure = true\n",
+        reg.host(),
+        stalled.host()
+    ));
+    let node = kata_addons_tests::node::Node::new();
+    let cache = tempfile::tempdir().expect("cache");
+    let out = std::process::Command::new(kata_addons_tests::kata_addons_bin())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", cache.path())
+        .env("ADDON_IMAGE", "example.invalid/lib/k:1")
+        .env("ADDON_KERNEL_PATH", "/boot/vmlinuz")
+        .arg("--cache-dir")
+        .arg(cache.path())
+        .args(["install", "--root"])
+        .arg(node.root())
+        .args(["--registries-conf", conf.path().to_str().expect("utf8"), "--timeout", "3"])
+        .output()
+        .expect("run install");
+    assert!(out.status.success(), "{}", show(&out));
+    // One install resolves, checks trust and fetches: the stalled mirror is tried once
+    // (HTTPS, then plain HTTP as it is insecure) and then remembered.
+    assert!(stalled.connections() <= 3, "the stalled mirror was contacted {} times", stalled.connections());
+    assert!(stalled.connections() >= 1, "the mirror was not tried");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not retried"), "{err}");
+}
+
+#[test]
+fn a_trickling_blob_is_cut_below_the_minimum_rate() {
+    let (_reg, proxy) = setup(Rules { trickle_blobs: Some(Duration::from_millis(500)), ..Rules::default() });
+    let f = fetch(&proxy, &["--timeout", "2"]);
+    assert_eq!(f.out.status.code(), Some(1), "{}", show(&f.out));
+    let err = f.stderr();
+    assert!(err.contains("too slow") && err.contains("the minimum is 1024 bytes/s"), "{err}");
+    assert!(err.contains("stalled or was too slow 2 times"), "cut, resumed once, cut again: {err}");
+    assert!(blob_events(&proxy).len() <= 3, "{:?}", proxy.requests());
+    assert!(std::fs::read_dir(f.dest.path()).expect("dest").next().is_none(), "nothing written");
+}
+
+#[test]
+fn the_pull_deadline_covers_retry_after_waits() {
+    let (_reg, proxy) = setup(Rules { fail_first: 1000, retry_after: Some("2".into()), ..Rules::default() });
+    let f = fetch(&proxy, &["--pull-deadline", "3"]);
+    assert_eq!(f.out.status.code(), Some(1), "{}", show(&f.out));
+    let err = f.stderr();
+    assert!(err.contains("pull deadline of 3 s (--pull-deadline)"), "{err}");
+    // Retry-After was honoured until the deadline: at least one wait happened.
+    assert_waited(&proxy.events(), Duration::from_secs(2));
+}

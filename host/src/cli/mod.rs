@@ -97,6 +97,10 @@ pub struct RegistryArgs {
     /// Most time spent waiting between retries per pull, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     pub retry_budget: u64,
+    /// Longest time for one pull, every request, retry and wait included, in seconds
+    /// (keep it below the MachineConfig unit's TimeoutStartSec).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::source::retry::DEFAULT_PULL_DEADLINE)]
+    pub pull_deadline: u64,
     /// Image trust policy, containers-policy.json(5) (default: the node's /etc/containers/policy.json).
     #[arg(long, value_name = "FILE")]
     pub signature_policy: Option<PathBuf>,

@@ -161,6 +161,9 @@ impl RegistryArgs {
             Some(p) => Platform::parse(p).map_err(|e| usage(format!("--platform: {e:#}")))?,
             None => Platform::current(),
         };
+        if self.pull_deadline == 0 {
+            return Err(usage("--pull-deadline must be at least 1 second"));
+        }
         if self.timeout == 0 {
             return Err(usage("--timeout must be at least 1 second"));
         }
@@ -186,6 +189,7 @@ impl RegistryArgs {
                 max_wait: Duration::from_secs(self.retry_budget),
                 ..retry::RetryPolicy::default()
             },
+            pull_deadline: Duration::from_secs(self.pull_deadline),
             proxy,
         };
         let trust = TrustOptions {

@@ -60,6 +60,11 @@ fn check_effective(
             ));
             return Ok(None);
         }
+        // A symlink loop is the node's file drifting, not a failure to read the node.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            problems.push(format!("{}: a symlink loop, not a regular file", d.runtime_config));
+            return Ok(None);
+        }
         Err(e) => return Err(e).with_context(|| format!("inspecting {}", d.runtime_config)),
     }
     let fragments = runtime::fragments(root, &rc_rel)?;

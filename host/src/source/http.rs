@@ -6,7 +6,7 @@
 use anyhow::anyhow;
 use futures_util::StreamExt;
 
-use super::retry::{Failure, classify_reqwest, status_failure, transient_status};
+use super::retry::{Failure, classify_body, classify_reqwest, status_failure, transient_status};
 
 /// Sends `rb`; a transport failure or a transient status is a [`Failure`] (retryable or
 /// not), any other response is returned for the caller to interpret. `what` names the
@@ -31,7 +31,7 @@ pub async fn read_capped(resp: reqwest::Response, cap: u64, what: &str) -> Resul
     let mut body = Vec::new();
     let mut stream = resp.bytes_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(classify_reqwest)?;
+        let chunk = chunk.map_err(classify_body)?;
         if body.len() as u64 + chunk.len() as u64 > cap {
             return Err(Failure::Fatal(anyhow!("{what} is larger than the {cap} byte limit")));
         }

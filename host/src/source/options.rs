@@ -16,6 +16,9 @@ pub struct RegistryOptions {
     pub timeout: Duration,
     /// Retries of transient failures (backoff, `Retry-After`, per-pull budget).
     pub retry: retry::RetryPolicy,
+    /// Longest time for one pull (every registry request of one install, retries and
+    /// their waits included).
+    pub pull_deadline: Duration,
     /// HTTP(S) proxy from `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` (default: none).
     pub proxy: proxy::ProxyEnv,
 }
@@ -27,6 +30,7 @@ impl Default for RegistryOptions {
             platform: Platform::current(),
             timeout: Duration::from_secs(30),
             retry: retry::RetryPolicy::default(),
+            pull_deadline: Duration::from_secs(retry::DEFAULT_PULL_DEADLINE),
             proxy: proxy::ProxyEnv::default(),
         }
     }

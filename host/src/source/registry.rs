@@ -15,7 +15,9 @@ use super::http;
 use super::image::{Descriptor, MAX_MANIFEST_SIZE, ResolvedImage};
 use super::manifest::{self, Parsed};
 use super::options::RegistryOptions;
-use super::retry::{Failure, RetryBudget, classify_reqwest, status_failure, timed_out, with_retry};
+use super::retry::{
+    Failure, RateFloor, RetryBudget, STALL_RETRIES, classify_body, status_failure, timed_out, with_retry,
+};
 use super::session::Session;
 
 /// What one manifest GET returned.
@@ -185,6 +187,8 @@ impl RegistryClient {
             skip: 0,
             stream: None,
             failures: 0,
+            stalls: 0,
+            rate: None,
         }
     }
 }
@@ -205,6 +209,10 @@ pub struct RegistryBlob {
     skip: u64,
     stream: Option<futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>>,
     failures: u32,
+    /// Stalls and runs below the minimum rate so far ([`STALL_RETRIES`]).
+    stalls: u32,
+    /// The minimum rate of the current response.
+    rate: Option<RateFloor>,
 }
 
 impl RegistryBlob {
@@ -251,6 +259,7 @@ impl RegistryBlob {
             _ => return Err(status_failure(status, resp.headers(), anyhow!("HTTP {status}"))),
         }
         self.stream = Some(resp.bytes_stream().boxed());
+        self.rate = Some(RateFloor::new(self.client.opts.timeout));
         Ok(())
     }
 
@@ -258,11 +267,13 @@ impl RegistryBlob {
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
         let timeout = self.client.opts.timeout;
         loop {
+            let mut stalled = false;
             let step: std::result::Result<Option<Bytes>, Failure> = async {
                 if self.stream.is_none() {
                     match tokio::time::timeout(timeout, self.reopen()).await {
                         Ok(r) => r?,
                         Err(_) => {
+                            stalled = true;
                             return Err(Failure::transient(timed_out(timeout)));
                         }
                     }
@@ -271,10 +282,22 @@ impl RegistryBlob {
                     return Err(Failure::Fatal(anyhow!("internal: no stream")));
                 };
                 match tokio::time::timeout(timeout, stream.next()).await {
-                    Err(_) => Err(Failure::transient(timed_out(timeout))),
+                    Err(_) => {
+                        stalled = true;
+                        Err(Failure::transient(timed_out(timeout)))
+                    }
                     Ok(None) => Ok(None),
-                    Ok(Some(Err(e))) => Err(classify_reqwest(e)),
+                    Ok(Some(Err(e))) => {
+                        stalled = e.is_timeout();
+                        Err(classify_body(e))
+                    }
                     Ok(Some(Ok(mut b))) => {
+                        if let Some(rate) = self.rate.as_mut()
+                            && let Err(e) = rate.add(b.len())
+                        {
+                            stalled = true;
+                            return Err(Failure::transient(e));
+                        }
                         if self.skip > 0 {
                             let n = (self.skip).min(b.len() as u64) as usize;
                             self.skip -= n as u64;
@@ -293,6 +316,12 @@ impl RegistryBlob {
                     self.failures += 1;
                     self.stream = None;
                     let what = format!("{} at byte {}", self.what(), self.offset);
+                    self.stalls += u32::from(stalled);
+                    if self.stalls > STALL_RETRIES {
+                        return Err(
+                            e.context(format!("{what}: giving up, it stalled or was too slow {} times", self.stalls))
+                        );
+                    }
                     if let Err(spent) = self.client.session.retries().wait(&what, self.failures, &e, ra).await {
                         return Err(e.context(format!("{what}: giving up, {spent}")));
                     }

@@ -10,6 +10,10 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Result, anyhow};
 
+/// Default `--pull-deadline`, seconds: below the MachineConfig unit's `TimeoutStartSec`
+/// (15 min), which also covers podman pulling the runner image.
+pub const DEFAULT_PULL_DEADLINE: u64 = 600;
+
 /// How transient failures are retried.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -81,12 +85,19 @@ impl Failure {
 pub struct RetryBudget {
     policy: RetryPolicy,
     used: Mutex<(u32, Duration)>,
+    /// The pull's deadline (`--pull-deadline`): no wait may end past it.
+    deadline: Option<(tokio::time::Instant, Duration)>,
 }
 
 impl RetryBudget {
     /// A fresh budget.
     pub fn new(policy: RetryPolicy) -> Self {
-        RetryBudget { policy, used: Mutex::new((0, Duration::ZERO)) }
+        RetryBudget { policy, used: Mutex::new((0, Duration::ZERO)), deadline: None }
+    }
+
+    /// A fresh budget for a pull that must end by `deadline` (`total` after it began).
+    pub fn with_deadline(policy: RetryPolicy, deadline: tokio::time::Instant, total: Duration) -> Self {
+        RetryBudget { deadline: Some((deadline, total)), ..Self::new(policy) }
     }
 
     /// Retries taken so far.
@@ -102,6 +113,15 @@ impl RetryBudget {
         let p = &self.policy;
         if used.0 >= p.max_retries {
             return Err(format!("retry budget spent: {} retries (at most {} per pull)", used.0, p.max_retries));
+        }
+        if let Some((deadline, total)) = self.deadline
+            && tokio::time::Instant::now() + delay > deadline
+        {
+            return Err(format!(
+                "the next wait of {:.1} s would pass the pull deadline of {} s (--pull-deadline)",
+                delay.as_secs_f64(),
+                total.as_secs()
+            ));
         }
         if used.1 + delay > p.max_wait {
             return Err(format!(
@@ -179,9 +199,14 @@ where
 {
     let mut n = 0;
     loop {
+        // No answer at all within the timeout: the endpoint accepts and does not serve.
+        // Waiting again would double the time to fail over (or to fail): not retried.
         let res = match tokio::time::timeout(timeout, f()).await {
             Ok(r) => r,
-            Err(_) => Err(Failure::transient(timed_out(timeout))),
+            Err(_) => Err(Failure::Fatal(anyhow!(
+                "{TIMED_OUT}: no response within {} s (not retried)",
+                timeout.as_secs_f64()
+            ))),
         };
         match res {
             Ok(v) => return Ok(v),
@@ -254,19 +279,82 @@ pub const MIRROR_RETRIES: u32 = 2;
 const TLS_HINT: &str = "TLS failed (not retried); if this registry serves plain HTTP, name it with \
                         --insecure-registry or `insecure = true` in registries.conf";
 
-/// Classifies a reqwest error: connection problems and timeouts are transient, TLS is not.
-pub fn classify_reqwest(e: reqwest::Error) -> Failure {
-    if e.is_timeout() {
-        return Failure::transient(anyhow::Error::new(e).context(TIMED_OUT));
+/// Longest TCP connect plus TLS handshake: a third of `--timeout`, between 1 and 10 s (a
+/// live registry completes both in milliseconds; one that does not is cut well before a
+/// response would be).
+pub fn connect_timeout(timeout: Duration) -> Duration {
+    (timeout / 3).clamp(Duration::from_secs(1), Duration::from_secs(10)).min(timeout)
+}
+
+/// Slowest a response body may arrive, in bytes per second averaged over each `--timeout`
+/// window: a slower one is cut (then resumed once, or the next endpoint tried).
+pub const MIN_RATE: u64 = 1024;
+
+/// Checks that a body keeps at least [`MIN_RATE`] over each window.
+#[derive(Debug)]
+pub struct RateFloor {
+    window: Duration,
+    start: tokio::time::Instant,
+    bytes: u64,
+}
+
+impl RateFloor {
+    /// Starts measuring now, over windows of `window`.
+    pub fn new(window: Duration) -> Self {
+        RateFloor { window, start: tokio::time::Instant::now(), bytes: 0 }
     }
+
+    /// Counts `n` more bytes; an error once a whole window passed below the floor.
+    pub fn add(&mut self, n: usize) -> Result<()> {
+        self.bytes += n as u64;
+        let elapsed = self.start.elapsed();
+        if elapsed >= self.window {
+            let need = MIN_RATE as f64 * elapsed.as_secs_f64();
+            if (self.bytes as f64) < need {
+                anyhow::bail!(
+                    "{TIMED_OUT}: too slow, {} bytes in {:.1} s (the minimum is {MIN_RATE} bytes/s over --timeout)",
+                    self.bytes,
+                    elapsed.as_secs_f64()
+                );
+            }
+            *self = RateFloor::new(self.window);
+        }
+        Ok(())
+    }
+}
+
+/// Retries of one blob after it stalled or ran below [`MIN_RATE`] (a resume with `Range`):
+/// a second stall ends it, so a trickling registry costs at most two `--timeout` windows.
+pub const STALL_RETRIES: u32 = 1;
+
+/// Classifies a reqwest error from sending a request: a connection that cannot be made
+/// (refused, unreachable, connect or TLS handshake timeout) and TLS failures are not
+/// retried (the next endpoint is tried at once); resets and other I/O errors are transient.
+pub fn classify_reqwest(e: reqwest::Error) -> Failure {
     if is_tls_failure(&e) {
         return Failure::Fatal(anyhow::Error::new(e).context(TLS_HINT));
     }
-    if e.is_connect() || e.is_request() || e.is_body() || e.is_decode() {
+    if e.is_connect() {
+        let what = if e.is_timeout() { "connect or TLS handshake timed out" } else { "cannot connect" };
+        return Failure::Fatal(anyhow::Error::new(e).context(format!("{what} (not retried)")));
+    }
+    if e.is_timeout() {
+        return Failure::Fatal(anyhow::Error::new(e).context(format!("{TIMED_OUT}: no response (not retried)")));
+    }
+    if e.is_request() || e.is_body() || e.is_decode() {
         Failure::transient(anyhow::Error::new(e))
     } else {
         Failure::Fatal(anyhow::Error::new(e))
     }
+}
+
+/// Classifies a reqwest error while reading a response body: a stall is transient (the
+/// caller resumes or gives up per [`STALL_RETRIES`]); the rest as [`classify_reqwest`].
+pub fn classify_body(e: reqwest::Error) -> Failure {
+    if e.is_timeout() {
+        return Failure::transient(anyhow::Error::new(e).context(TIMED_OUT));
+    }
+    classify_reqwest(e)
 }
 
 /// Classifies an I/O error from a response body stream.

@@ -42,7 +42,7 @@ const MAX_TOKEN_RESPONSE: u64 = 1 << 20;
 fn build_client(opts: &RegistryOptions, tls: &HostTls, skip_verify: bool, what: &str) -> Result<reqwest::Client> {
     let mut b = reqwest::Client::builder()
         .read_timeout(opts.timeout)
-        .connect_timeout(opts.timeout)
+        .connect_timeout(super::retry::connect_timeout(opts.timeout))
         .redirect(reqwest::redirect::Policy::limited(5))
         .user_agent(concat!("kata-addons/", env!("CARGO_PKG_VERSION")));
     b = opts.proxy.apply(b);
