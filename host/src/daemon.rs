@@ -221,12 +221,30 @@ impl Daemon {
     /// (resolved) runtime configurations.
     fn watch_dirs(&self, policy: &Policy, input: &Input) -> BTreeSet<PathBuf> {
         let mut node_dirs: Vec<String> = Vec::new();
+        let mut runtime_classes = false;
         if let Ok((_, plan)) = preview::plan_for(policy, input, &self.o.selection.kata_prefix) {
             node_dirs.extend(plan.runtime_configs.iter().map(|c| parent(c).to_string()));
+            runtime_classes |= !install::target::plan_runtime_classes(&plan).is_empty();
         }
         // The recorded state only: `status` would hash every artifact on each event.
         if let Ok(Some(st)) = install::recorded_state(&self.o.site) {
             node_dirs.extend(st.drop_ins.iter().map(|d| parent(&d.runtime_config).to_string()));
+            runtime_classes |= !st.runtime_classes.is_empty();
+        }
+        // RuntimeClass handlers: a change of the CRI configuration can move a handler to
+        // another Kata configuration (drift), so CRI-O's and containerd's files are watched.
+        if runtime_classes {
+            let configs = crate::node::Root::open(&self.o.site.root)
+                .and_then(|r| crate::runtime_class::read_cri_configs(&r))
+                .unwrap_or_default();
+            // Only those that exist (a missing one would watch its parent, `/etc`); the
+            // periodic resync notices a CRI directory created later.
+            let root = &self.o.site.root;
+            node_dirs.extend(
+                crate::runtime_class::watched_dirs(&configs)
+                    .into_iter()
+                    .filter(|d| root.join(d.trim_start_matches('/')).is_dir()),
+            );
         }
         let mut out = BTreeSet::new();
         for d in node_dirs {

@@ -84,9 +84,12 @@ pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, select
     let (env, plan) = plan_for(policy, input, &selection.kata_prefix)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = layout::installed_files(&plan, &dir);
-    let found = Root::open(root).and_then(|r| crate::runtime::discover(&r, &plan.runtime_configs, selection));
+    let handlers = crate::install::target::plan_runtime_classes(&plan);
+    let tee = crate::runtime_class::Tee::of(plan.provider);
+    let found = Root::open(root)
+        .and_then(|r| crate::runtime_class::discover(&r, handlers, tee, &plan.runtime_configs, selection));
     let (configs, note) = match found {
-        Ok(found) => (found.into_iter().map(|rc| rc.resolved).collect::<Vec<_>>(), None),
+        Ok(found) => (found.into_iter().map(|c| c.config.resolved).collect::<Vec<_>>(), None),
         Err(e) => (
             plan.runtime_configs.iter().take(1).cloned().collect(),
             Some(format!("{e:#}; showing the drop-in for {}", plan.runtime_configs.first().map_or("", String::as_str))),

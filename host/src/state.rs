@@ -68,6 +68,10 @@ pub struct DropInRecord {
     pub path: String,
     /// sha256 (hex) of its contents.
     pub sha256: String,
+    /// The RuntimeClass handler whose configuration this is (`runtimeClass`); none for
+    /// the provider's standard configurations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
 }
 
 /// What is installed on this node.
@@ -100,6 +104,10 @@ pub struct State {
     /// The image trust decision (policy.json) that admitted the installed image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<TrustRecord>,
+    /// The RuntimeClass handlers the addon was installed for (`runtimeClass`), in order;
+    /// empty for the provider's standard configurations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_classes: Vec<String>,
 }
 
 /// What the image trust policy decided about an installed image.
@@ -230,10 +238,12 @@ impl StateV1 {
                 runtime_config: format!("{dir}/configuration.toml"),
                 path: self.drop_in.path,
                 sha256: self.drop_in.sha256,
+                handler: None,
             }],
             previous_dirs: self.previous_dirs,
             previous_drop_ins: self.previous_drop_ins,
             trust: None,
+            runtime_classes: Vec::new(),
         }
     }
 }

@@ -45,13 +45,20 @@ pub(super) fn version_dirs(addons: &Dir) -> Result<Vec<String>> {
 
 /// Root-relative directories that may hold a runtime configuration kata-addons wrote a
 /// drop-in for: for every known candidate of every provider (the policy's own list, for
-/// `kata_prefix`), every `--runtime-config` given and the plan's candidates, the directory
+/// `kata_prefix`), every `--runtime-config` given, the plan's candidates and every Kata
+/// configuration a RuntimeClass handler of the node's CRI configuration runs, the directory
 /// of the file as named and of the file it resolves to. A candidate that cannot be
 /// resolved (a symlink loop) is skipped with a warning.
 pub(super) fn known_config_dirs(root: &Root, kata_prefix: &str, given: &[String], plan: &[String]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     let candidates = kata_addons_facts::known_runtime_configs(kata_prefix);
-    for c in candidates.iter().chain(given).chain(plan) {
+    // Every Kata configuration a RuntimeClass handler on the node runs (GPU shims, custom
+    // runtimes, multi-installs): drop-ins there are kata-addons' too, state or not.
+    let handlers = crate::runtime_class::config_paths(root).unwrap_or_else(|e| {
+        tracing::warn!("skipped the CRI configuration while looking for kata-addons files: {e:#}");
+        Vec::new()
+    });
+    for c in candidates.iter().chain(given).chain(plan).chain(&handlers) {
         if !kata_addons_facts::is_clean_path(c) {
             continue;
         }

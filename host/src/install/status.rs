@@ -133,8 +133,9 @@ pub fn recorded_state(site: &Site) -> Result<Option<State>> {
     }
 }
 
-/// Verifies every recorded file and drop-in by sha256, and that no later `config.d`
-/// fragment overrides what a drop-in sets.
+/// Verifies every recorded file and drop-in by sha256, that no later `config.d` fragment
+/// overrides what a drop-in sets, and that every recorded RuntimeClass handler still runs
+/// the configuration its drop-in was written for.
 pub fn status(site: &Site) -> Result<Status> {
     let root = Root::open(&site.root)?;
     let nothing = || Status { state: None, problems: vec![], effective: vec![] };
@@ -160,5 +161,10 @@ pub fn status(site: &Site) -> Result<Status> {
             effective.push(e);
         }
     }
+    // A handler whose config path changed in the CRI configuration: the drop-in is for a
+    // configuration the handler no longer runs.
+    let handlers: Vec<(String, String)> =
+        st.drop_ins.iter().filter_map(|d| Some((d.handler.clone()?, d.runtime_config.clone()))).collect();
+    problems.extend(crate::runtime_class::drift(&root, &handlers, crate::runtime_class::Tee::of(st.provider))?);
     Ok(Status { state: Some(st), problems, effective })
 }

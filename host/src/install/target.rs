@@ -1,7 +1,7 @@
 //! Where a plan's files and drop-ins go on this node: the install directory and, per
 //! runtime configuration found, its directory (drop-ins are staged there) and `config.d`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use cap_std::fs::Dir;
@@ -9,7 +9,8 @@ use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
 use crate::node::{self, Root};
 use crate::policy::{Plan, RuntimeConfigFacts, path_only_facts};
-use crate::runtime::{self, Selection};
+use crate::runtime::Selection;
+use crate::runtime_class::{self, Tee};
 
 /// One runtime configuration's side of an install.
 pub(super) struct ConfigTarget {
@@ -21,6 +22,10 @@ pub(super) struct ConfigTarget {
     pub(super) config_d: Dir,
     /// Node path of the drop-in.
     pub(super) drop_in_node_path: String,
+    /// Root-relative path of the resolved `configuration*.toml`.
+    pub(super) rel: PathBuf,
+    /// The RuntimeClass handler that resolved to it (`runtimeClass`), if any.
+    pub(super) handler: Option<String>,
 }
 
 /// The node-side places of a plan.
@@ -34,17 +39,34 @@ pub(super) struct Target {
 impl Target {
     /// The facts of each resolved runtime configuration, as `render` takes them.
     pub(super) fn runtime_configs(&self) -> Vec<RuntimeConfigFacts> {
-        self.configs.iter().map(|c| path_only_facts(&c.runtime_config)).collect()
+        self.configs
+            .iter()
+            .map(|c| RuntimeConfigFacts { handler: c.handler.clone(), ..path_only_facts(&c.runtime_config) })
+            .collect()
     }
 }
 
-/// Resolves where a plan's files and drop-ins go, creating `config.d` directories as needed.
+/// The RuntimeClass handlers a plan names (`runtimeClass`); empty: the provider's standard
+/// configurations.
+pub(crate) fn plan_runtime_classes(plan: &Plan) -> &[String] {
+    &plan.runtime_classes
+}
+
+/// Resolves where a plan's files and drop-ins go, creating `config.d` directories as needed:
+/// the configurations the plan's RuntimeClass handlers run, else the provider's standard ones.
 pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection) -> Result<Target> {
     let provider = plan.provider;
-    let found = runtime::discover(root, &plan.runtime_configs, selection)
-        .with_context(|| format!("finding the Kata runtime configurations of provider `{provider}`"))?;
+    let handlers = plan_runtime_classes(plan);
+    let found = runtime_class::discover(root, handlers, Tee::of(provider), &plan.runtime_configs, selection)
+        .with_context(|| {
+            if handlers.is_empty() {
+                format!("finding the Kata runtime configurations of provider `{provider}`")
+            } else {
+                format!("resolving the RuntimeClass handlers {} for provider `{provider}`", handlers.join(", "))
+            }
+        })?;
     let mut configs = Vec::new();
-    for rc in found {
+    for runtime_class::Chosen { config: rc, handler } in found {
         let dir_rel = rc.dir_rel();
         let config_dir = root
             .dir()
@@ -57,6 +79,8 @@ pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection) -> Result<
             runtime_config: rc.resolved,
             config_dir,
             config_d,
+            rel: rc.rel,
+            handler,
         });
     }
     let addons = root.create_dir_all(&node::rel_path(INSTALL_DIR))?;

@@ -108,13 +108,18 @@ async fn lock_node(root: &Root, timeout: Duration) -> Result<lock::NodeLock> {
 }
 
 /// Renders the drop-ins for every target and pairs each with its target (same order).
-fn render_for(policy: &Policy, plan: &Plan, dir_name: &str, t: &Target) -> Result<Vec<DropIn>> {
+/// Every drop-in must leave a configuration Kata loads ([`crate::kata_load`]).
+fn render_for(policy: &Policy, plan: &Plan, dir_name: &str, root: &Root, t: &Target) -> Result<Vec<DropIn>> {
     let installed = layout::installed_files(plan, dir_name);
     let drop_ins = policy.render(plan, &installed, &t.runtime_configs())?;
+    if drop_ins.len() != t.configs.len() {
+        bail!("the policy rendered {} drop-ins for {} runtime configurations", drop_ins.len(), t.configs.len());
+    }
     for (d, c) in drop_ins.iter().zip(&t.configs) {
         if d.path != c.drop_in_node_path {
             bail!("the policy placed the drop-in for {} at {}, not {}", c.runtime_config, d.path, c.drop_in_node_path);
         }
+        crate::kata_load::check(root, &c.rel, &d.path, &d.contents)?;
     }
     Ok(drop_ins)
 }
@@ -145,14 +150,16 @@ fn commit_drop_ins(t: &Target, tmp_name: &str, drop_ins: &[(usize, &DropIn)]) ->
     Ok(())
 }
 
-/// Drop-in records for rendered drop-ins.
-fn records(drop_ins: &[DropIn]) -> Vec<DropInRecord> {
+/// Drop-in records for rendered drop-ins (in target order).
+fn records(drop_ins: &[DropIn], t: &Target) -> Vec<DropInRecord> {
     drop_ins
         .iter()
-        .map(|d| DropInRecord {
+        .zip(&t.configs)
+        .map(|(d, c)| DropInRecord {
             runtime_config: d.runtime_config.clone(),
             path: d.path.clone(),
             sha256: sha256_hex(d.contents.as_bytes()),
+            handler: c.handler.clone(),
         })
         .collect()
 }
@@ -300,12 +307,12 @@ impl<'a> Transaction<'a> {
         tracing::info!(step = "stage", dir = %format!("{INSTALL_DIR}/{dir_name}"), "files staged");
 
         // 2. Render the drop-ins from the installed node paths and stage them outside config.d.
-        let drop_ins = render_for(self.policy, plan, &dir_name, t)?;
+        let drop_ins = render_for(self.policy, plan, &dir_name, &self.root, t)?;
         let all: Vec<(usize, &DropIn)> = drop_ins.iter().enumerate().collect();
         stage_drop_ins(t, &all, &mut work)?;
 
         // 3. Write the state, naming what the commit will make obsolete.
-        let mut st = self.new_state(&dir_name, report_digest, &files, records(&drop_ins), trust);
+        let mut st = self.new_state(&dir_name, report_digest, &files, records(&drop_ins, t), trust);
         state::write(&t.addons, &st)?;
         // The state refers to the new directory now: a failed commit leaves it for the next run.
         work.keep_dir();
@@ -365,6 +372,7 @@ impl<'a> Transaction<'a> {
             previous_dirs,
             previous_drop_ins,
             trust: Some(trust),
+            runtime_classes: super::target::plan_runtime_classes(plan).to_vec(),
         }
     }
 
@@ -372,8 +380,8 @@ impl<'a> Transaction<'a> {
     /// (re)written from the state without a pull when they drifted.
     fn rewrite_drop_ins(&self, old: &State) -> Result<Outcome> {
         let (plan, t) = (self.plan, &self.target);
-        let drop_ins = render_for(self.policy, plan, &old.version_dir, t)?;
-        let new_records = records(&drop_ins);
+        let drop_ins = render_for(self.policy, plan, &old.version_dir, &self.root, t)?;
+        let new_records = records(&drop_ins, t);
         let mut drifted: Vec<(usize, &DropIn)> = Vec::new();
         let mut what = Vec::new();
         for (i, (d, rec)) in drop_ins.iter().zip(&new_records).enumerate() {
@@ -388,7 +396,10 @@ impl<'a> Transaction<'a> {
             what.push(why);
         }
         let obsolete = obsolete_drop_ins(old, &new_records);
-        if drifted.is_empty() && old.drop_ins == new_records {
+        if drifted.is_empty()
+            && old.drop_ins == new_records
+            && old.runtime_classes == super::target::plan_runtime_classes(plan)
+        {
             let mut st = old.clone();
             self.gc(&mut st)?;
             tracing::info!(version = %old.version, digest = %old.manifest_digest, "up to date; nothing changed");
@@ -411,6 +422,7 @@ impl<'a> Transaction<'a> {
         let mut st = old.clone();
         st.drop_ins = new_records;
         st.previous_drop_ins = obsolete;
+        st.runtime_classes = super::target::plan_runtime_classes(plan).to_vec();
         state::write(&t.addons, &st)?;
         commit_drop_ins(t, &work.tmp_name, &drifted)?;
         work.committed();
