@@ -298,6 +298,7 @@ mod tests {
                 runtime_config: "/etc/kata-containers/kata-se/configuration.toml".into(),
                 path: "/etc/kata-containers/kata-se/config.d/50-kata-addons.toml".into(),
                 sha256: "cd".into(),
+                handler: None,
             }]
         );
         assert_eq!(st.previous_dirs, vec!["v0-11".to_string()]);

@@ -602,13 +602,20 @@ mod recovery {
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
-    /// A TDX kernel addon in an OCI layout under `dir`; returns its install env.
+    /// A TDX kernel + initrd addon in an OCI layout under `dir`; returns its install env.
+    /// (An initrd: kata-deploy's `10-installation-prefix.toml` sets `image` and `initrd`
+    /// together, which a kernel-only addon is refused over: Kata would not load it.)
     fn tdx_env(dir: &std::path::Path) -> Vec<(&'static str, String)> {
-        layout_with(&dir.join("img"), "v1", &[("boot/vmlinuz", &noise(50_000, 7))]);
+        layout_with(
+            &dir.join("img"),
+            "v1",
+            &[("boot/vmlinuz", &noise(50_000, 7)), ("boot/initrd.img", &noise(20_000, 8))],
+        );
         vec![
             ("ADDON_IMAGE", format!("oci:{}:v1", dir.join("img").display())),
             ("ADDON_PROVIDER", "tdx".to_string()),
             ("ADDON_KERNEL_PATH", "/boot/vmlinuz".to_string()),
+            ("ADDON_INITRD_PATH", "/boot/initrd.img".to_string()),
         ]
     }
 

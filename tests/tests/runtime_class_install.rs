@@ -58,7 +58,11 @@ struct Addon {
 
 fn addon() -> Addon {
     let dir = tempfile::tempdir().expect("images");
-    layout_with(&dir.path().join("l"), "v1", &[("boot/vmlinuz", &noise(50_000, 1)), ("boot/initrd.img", &noise(30_000, 2))]);
+    layout_with(
+        &dir.path().join("l"),
+        "v1",
+        &[("boot/vmlinuz", &noise(50_000, 1)), ("boot/initrd.img", &noise(30_000, 2))],
+    );
     Addon { image: format!("oci:{}:v1", dir.path().join("l").display()), _dir: dir }
 }
 
@@ -276,7 +280,10 @@ fn refusals_leave_the_node_unchanged() {
         let o = Run::new(&node, &a, "snp", Some(rc), true).run("install");
         assert_eq!(o.status.code(), Some(1), "{rc}: {}", show(&o));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(err.contains(why) && err.contains(&drop_in) && err.contains("/etc/containerd/config.toml"), "{rc}: {err}");
+        assert!(
+            err.contains(why) && err.contains(&drop_in) && err.contains("/etc/containerd/config.toml"),
+            "{rc}: {err}"
+        );
         assert_eq!(snap(&node), before, "{rc}: the node changed");
     }
     let o = Run::new(&node, &a, "snp", Some("kata-qemu-snp, Kata_GPU"), true).run("install");
