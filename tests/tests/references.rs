@@ -116,11 +116,13 @@ fn check(policy: &Policy, image: &str) -> bool {
         Err(PolicyError::Rejected(v)) => {
             let n = native.expect_err("the native guest refuses it too");
             assert_eq!(n.len(), v.len(), "{image:?}");
-            assert!(
-                v.iter()
-                    .all(|v| v.key == "addonImage" && v.code == kata_addons::policy::ViolationCode::InvalidReference),
-                "{image:?}: {v:?}"
-            );
+            // An empty reference is a missing one; anything else is an invalid one.
+            let code = if image.trim().is_empty() {
+                kata_addons::policy::ViolationCode::Missing
+            } else {
+                kata_addons::policy::ViolationCode::InvalidReference
+            };
+            assert!(v.iter().all(|v| v.key == "addonImage" && v.code == code), "{image:?}: {v:?}");
             // Rejected is invalid configuration: exit 2 wherever it surfaces.
             let err = anyhow::Error::new(PolicyError::Rejected(v));
             assert_eq!(kata_addons::error::classify(&err).exit_code(), 2, "{image:?}");
