@@ -9,6 +9,7 @@ pub mod bridge;
 pub mod decode;
 pub mod image;
 pub mod layer;
+pub mod layers;
 pub mod limits;
 pub mod raw;
 pub mod tarstream;
