@@ -13,6 +13,7 @@ extern crate alloc;
 pub mod wit;
 
 mod checks;
+mod measured;
 mod policy;
 mod providers;
 mod reference;

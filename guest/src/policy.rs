@@ -21,7 +21,10 @@ const PATHS: usize = 3;
 /// Index of the first artifact sha256; kernel, initrd, image follow in that order.
 const SHAS: usize = 6;
 const RUNTIME_CLASS: usize = 9;
-const FIELDS: usize = 10;
+/// Index of the first measured-guest key (`imageVerityParams` .. `extensionSha256`, see
+/// [`crate::measured`]).
+const MEASURED: usize = 10;
+const FIELDS: usize = 17;
 
 /// Key names per field (in the fixed env order): ConfigMap key, env var.
 const KEYS: [(&str, &str); FIELDS] = [
@@ -35,6 +38,13 @@ const KEYS: [(&str, &str); FIELDS] = [
     ("initrdSha256", "ADDON_INITRD_SHA256"),
     ("imageSha256", "ADDON_IMAGE_SHA256"),
     ("runtimeClass", "ADDON_RUNTIME_CLASS"),
+    ("imageVerityParams", "ADDON_IMAGE_VERITY_PARAMS"),
+    ("imageVerityPath", "ADDON_IMAGE_VERITY_PATH"),
+    ("extensionPath", "ADDON_EXTENSION_PATH"),
+    ("extensionName", "ADDON_EXTENSION_NAME"),
+    ("extensionVerityParams", "ADDON_EXTENSION_VERITY_PARAMS"),
+    ("extensionVerityPath", "ADDON_EXTENSION_VERITY_PATH"),
+    ("extensionSha256", "ADDON_EXTENSION_SHA256"),
 ];
 
 /// Which of the two key namings an input uses.
@@ -71,6 +81,10 @@ struct Config {
     shas: [Option<String>; 3],
     /// RuntimeClass handlers, in order, each once; empty: the standard configurations.
     runtime_classes: Vec<String>,
+    /// dm-verity parameters of the image, and the extension.
+    measured: crate::measured::Measured,
+    /// The measured-guest values as given (trimmed), in key order, for `env`.
+    measured_raw: [Option<String>; 7],
 }
 
 /// Most violations one call returns; the last one then says how many were left out.
@@ -259,15 +273,27 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
         }
     }
     let present = |a: usize| values[PATHS + a].is_some() || dup[PATHS + a];
-    if !(0..3).any(present) {
+    let measured = crate::measured::resolve(
+        &crate::measured::Inputs {
+            values: core::array::from_fn(|i| (naming.key(MEASURED + i), values[MEASURED + i])),
+            dup: core::array::from_fn(|i| dup[MEASURED + i]),
+            image: (naming.key(PATHS + 2), present(2)),
+            provider,
+        },
+        &mut errs,
+    );
+    let measured_raw: [Option<String>; 7] = core::array::from_fn(|i| values[MEASURED + i].map(String::from));
+    let extension_given = values[MEASURED + 2].is_some() || dup[MEASURED + 2];
+    if !(0..3).any(present) && !extension_given {
         errs.push(violation(
             naming.key(PATHS),
             ViolationCode::Missing,
             format!(
-                "no artifact: set `{}` (and, for providers that allow it, `{}` or `{}`)",
+                "no artifact: set `{}` (and, for providers that allow it, `{}`, `{}` or `{}`)",
                 naming.key(PATHS),
                 naming.key(PATHS + 1),
-                naming.key(PATHS + 2)
+                naming.key(PATHS + 2),
+                naming.key(MEASURED + 2)
             ),
         ));
     }
@@ -290,7 +316,17 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
 
     match (errs.is_empty(), parsed, provider, version) {
         (true, Some(r), Some(provider), Some(version)) => {
-            Ok(Config { image: r.normalised, source: r.source, provider, version, paths, shas, runtime_classes })
+            Ok(Config {
+                image: r.normalised,
+                source: r.source,
+                provider,
+                version,
+                paths,
+                shas,
+                runtime_classes,
+                measured,
+                measured_raw,
+            })
         }
         _ => Err(errs),
     }
@@ -334,6 +370,11 @@ pub fn env(data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
     if !c.runtime_classes.is_empty() {
         out.push(KeyValue::new(key(RUNTIME_CLASS), c.runtime_classes.join(",")));
     }
+    for (i, v) in c.measured_raw.into_iter().enumerate() {
+        if let Some(v) = v {
+            out.push(KeyValue::new(key(MEASURED + i), v));
+        }
+    }
     Ok(out)
 }
 
@@ -358,10 +399,20 @@ pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>
                 source,
                 file_name: String::from(KINDS[a].wit_name()),
                 sha256: h,
-                verity: None,
+                verity: if KINDS[a] == ArtifactKind::Image { c.measured.image_verity.clone() } else { None },
                 name: None,
             });
         }
+    }
+    if let Some((source, name, sha256, verity)) = c.measured.extension {
+        artifacts.push(Artifact {
+            kind: ArtifactKind::Extension,
+            source,
+            file_name: String::from(ArtifactKind::Extension.wit_name()),
+            sha256,
+            verity,
+            name: Some(name),
+        });
     }
     Ok(Plan {
         image: c.image,

@@ -33,7 +33,9 @@ pub(crate) fn layout(p: Provider) -> &'static ProviderLayout {
 pub(crate) fn allowed(p: Provider) -> &'static [ArtifactKind] {
     match p {
         Provider::Se => &[ArtifactKind::Kernel],
-        Provider::Tdx | Provider::Snp => &KINDS,
+        Provider::Tdx | Provider::Snp => {
+            &[ArtifactKind::Kernel, ArtifactKind::Initrd, ArtifactKind::Image, ArtifactKind::Extension]
+        }
     }
 }
 

@@ -22,6 +22,12 @@ struct Keys<'a> {
     initrd: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     image: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernel_verity_params: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rootfs_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    guest_extension_images: Option<Vec<crate::measured::Entry>>,
 }
 
 /// `Keys` nested in the tables of a dotted path (`hypervisor.qemu`).
@@ -182,6 +188,7 @@ pub fn render(
             )),
             _ => version_dir = Some(dir),
         }
+        crate::measured::check_installed(plan, f, &mut errs);
         paths[slot] = Some(&f.path);
     }
     for a in &plan.artifacts {
@@ -196,17 +203,34 @@ pub fn render(
     if !errs.is_empty() {
         return Err(crate::policy::capped(errs));
     }
-    let [kernel, initrd, image, _extension] = paths;
-    // `image` and `initrd` are exclusive at runtime, and a drop-in cannot delete keys:
-    // installing one clears the other.
-    let keys = Keys { kernel, initrd: initrd.or(image.map(|_| "")), image: image.or(initrd.map(|_| "")) };
+    let [kernel, initrd, image, _] = paths;
+    let find =
+        |k: ArtifactKind| if paths[k as usize].is_some() { installed.iter().find(|f| f.kind == k) } else { None };
     let table: Vec<&str> = HYPERVISOR_TABLE.split('.').collect();
-    let body = toml::to_string(&Nested { path: &table, leaf: &keys }).map_err(|e| {
-        alloc::vec![violation("plan", ViolationCode::Inconsistent, format!("cannot serialise the drop-in: {e}"))]
-    })?;
-    let contents = format!("{HEADER}{body}");
-    Ok(runtime_configs
-        .iter()
-        .map(|rc| DropIn { runtime_config: rc.path.clone(), path: drop_in_path(&rc.path), contents: contents.clone() })
-        .collect())
+    let mut out = Vec::new();
+    for rc in runtime_configs {
+        let boot = crate::measured::boot(plan, find(ArtifactKind::Image), find(ArtifactKind::Extension), rc, &mut errs);
+        // `image` and `initrd` are exclusive at runtime, and a drop-in cannot delete keys:
+        // installing one clears the other.
+        let keys = Keys {
+            kernel,
+            initrd: initrd.or(image.map(|_| "")),
+            image: image.or(initrd.map(|_| "")),
+            kernel_verity_params: boot.kernel_verity_params,
+            rootfs_type: boot.rootfs_type,
+            guest_extension_images: boot.extensions,
+        };
+        let body = toml::to_string(&Nested { path: &table, leaf: &keys }).map_err(|e| {
+            alloc::vec![violation("plan", ViolationCode::Inconsistent, format!("cannot serialise the drop-in: {e}"))]
+        })?;
+        out.push(DropIn {
+            runtime_config: rc.path.clone(),
+            path: drop_in_path(&rc.path),
+            contents: format!("{HEADER}{body}"),
+        });
+    }
+    if !errs.is_empty() {
+        return Err(crate::policy::capped(errs));
+    }
+    Ok(out)
 }

@@ -505,7 +505,13 @@ fn render_initrd_and_image_clear_each_other() {
     );
     let p = base_plan("snp", &[("ADDON_IMAGE_PATH", "/m")]);
     let out = render(&p, &[inst(ArtifactKind::Image, &alloc::format!("{D}/image"))]).expect("render");
-    assert_eq!(out, alloc::format!("{HEADER}[hypervisor.qemu]\ninitrd = \"\"\nimage = \"{D}/image\"\n"));
+    // An unmeasured image also clears a base's dm-verity parameters (DESIGN §3a).
+    assert_eq!(
+        out,
+        alloc::format!(
+            "{HEADER}[hypervisor.qemu]\ninitrd = \"\"\nimage = \"{D}/image\"\nkernel_verity_params = \"\"\n"
+        )
+    );
 }
 
 #[test]

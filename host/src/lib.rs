@@ -12,6 +12,7 @@ pub mod kata_load;
 pub mod layout;
 pub mod lock;
 pub mod logging;
+pub mod measured;
 pub mod node;
 pub mod nodefs;
 pub mod policy;

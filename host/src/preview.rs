@@ -72,7 +72,7 @@ pub fn plan_for(policy: &Policy, input: &Input, kata_prefix: &str) -> Result<(Ve
 pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
     let (env, plan) = plan(policy, input)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
-    let installed = layout::installed_files(&plan, &dir);
+    let installed = crate::measured::installed(layout::installed_files(&plan, &dir), &crate::measured::preview(&plan));
     let first: Vec<_> = plan.runtime_configs.iter().take(1).map(|p| path_only_facts(p)).collect();
     let drop_ins = policy.render(&plan, &installed, &first)?;
     Ok(Preview { env, plan, installed, drop_ins, note: None })
@@ -83,19 +83,26 @@ pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
 pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, selection: &Selection) -> Result<Preview> {
     let (env, plan) = plan_for(policy, input, &selection.kata_prefix)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
-    let installed = layout::installed_files(&plan, &dir);
+    let installed = crate::measured::installed(layout::installed_files(&plan, &dir), &crate::measured::preview(&plan));
     let handlers = crate::install::target::plan_runtime_classes(&plan);
     let tee = crate::runtime_class::Tee::of(plan.provider);
-    let found = Root::open(root)
-        .and_then(|r| crate::runtime_class::discover(&r, handlers, tee, &plan.runtime_configs, selection));
+    let found = Root::open(root).and_then(|r| {
+        let found = crate::runtime_class::discover(&r, handlers, tee, &plan.runtime_configs, selection)?;
+        found
+            .iter()
+            .map(|c| {
+                let f = crate::measured::runtime_config_facts(&r, &c.config)?;
+                Ok(crate::policy::RuntimeConfigFacts { handler: c.handler.clone(), ..f })
+            })
+            .collect::<Result<Vec<_>>>()
+    });
     let (configs, note) = match found {
-        Ok(found) => (found.into_iter().map(|c| c.config.resolved).collect::<Vec<_>>(), None),
+        Ok(found) => (found, None),
         Err(e) => (
-            plan.runtime_configs.iter().take(1).cloned().collect(),
+            plan.runtime_configs.iter().take(1).map(|p| path_only_facts(p)).collect(),
             Some(format!("{e:#}; showing the drop-in for {}", plan.runtime_configs.first().map_or("", String::as_str))),
         ),
     };
-    let configs: Vec<_> = configs.iter().map(|p| path_only_facts(p)).collect();
     let drop_ins = policy.render(&plan, &installed, &configs)?;
     Ok(Preview { env, plan, installed, drop_ins, note })
 }

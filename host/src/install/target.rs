@@ -8,7 +8,7 @@ use cap_std::fs::Dir;
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
 use crate::node::{self, Root};
-use crate::policy::{Plan, RuntimeConfigFacts, path_only_facts};
+use crate::policy::{Plan, RuntimeConfigFacts};
 use crate::runtime::Selection;
 use crate::runtime_class::{self, Tee};
 
@@ -34,15 +34,15 @@ pub(super) struct Target {
     pub(super) addons: Dir,
     /// Every runtime configuration that gets the drop-in, in discovery order.
     pub(super) configs: Vec<ConfigTarget>,
+    /// What `render` is told of each (same order): its effective boot keys and extension
+    /// images without kata-addons' drop-in.
+    pub(super) facts: Vec<RuntimeConfigFacts>,
 }
 
 impl Target {
     /// The facts of each resolved runtime configuration, as `render` takes them.
     pub(super) fn runtime_configs(&self) -> Vec<RuntimeConfigFacts> {
-        self.configs
-            .iter()
-            .map(|c| RuntimeConfigFacts { handler: c.handler.clone(), ..path_only_facts(&c.runtime_config) })
-            .collect()
+        self.configs.iter().zip(&self.facts).map(|(c, f)| RuntimeConfigFacts { handler: c.handler.clone(), ..f.clone() }).collect()
     }
 }
 
@@ -66,7 +66,9 @@ pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection) -> Result<
             }
         })?;
     let mut configs = Vec::new();
+    let mut facts = Vec::new();
     for runtime_class::Chosen { config: rc, handler } in found {
+        facts.push(crate::measured::runtime_config_facts(root, &rc)?);
         let dir_rel = rc.dir_rel();
         let config_dir = root
             .dir()
@@ -84,5 +86,5 @@ pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection) -> Result<
         });
     }
     let addons = root.create_dir_all(&node::rel_path(INSTALL_DIR))?;
-    Ok(Target { addons, configs })
+    Ok(Target { addons, configs, facts })
 }

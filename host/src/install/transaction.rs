@@ -109,8 +109,15 @@ async fn lock_node(root: &Root, timeout: Duration) -> Result<lock::NodeLock> {
 
 /// Renders the drop-ins for every target and pairs each with its target (same order).
 /// Every drop-in must leave a configuration Kata loads ([`crate::kata_load`]).
-fn render_for(policy: &Policy, plan: &Plan, dir_name: &str, root: &Root, t: &Target) -> Result<Vec<DropIn>> {
-    let installed = layout::installed_files(plan, dir_name);
+fn render_for(
+    policy: &Policy,
+    plan: &Plan,
+    dir_name: &str,
+    root: &Root,
+    t: &Target,
+    checked: &[crate::measured::Checked],
+) -> Result<Vec<DropIn>> {
+    let installed = crate::measured::installed(layout::installed_files(plan, dir_name), checked);
     let drop_ins = policy.render(plan, &installed, &t.runtime_configs())?;
     if drop_ins.len() != t.configs.len() {
         bail!("the policy rendered {} drop-ins for {} runtime configurations", drop_ins.len(), t.configs.len());
@@ -299,7 +306,7 @@ impl<'a> Transaction<'a> {
         remove_entry(&t.addons, &staging)?;
         t.addons.create_dir(&staging).with_context(|| format!("creating staging directory {staging}"))?;
         work.dir = Some(staging.clone());
-        let (report_digest, files, trust) = stage(pull, image, plan, t, &staging).await?;
+        let (report_digest, files, trust, checked) = stage(pull, image, plan, t, &staging).await?;
         let dir_name = pick_dir_name(&t.addons, plan, &report_digest, self.old.as_ref())?;
         t.addons.rename(&staging, &t.addons, &dir_name).with_context(|| format!("renaming {staging} to {dir_name}"))?;
         work.dir = Some(dir_name.clone());
@@ -307,12 +314,12 @@ impl<'a> Transaction<'a> {
         tracing::info!(step = "stage", dir = %format!("{INSTALL_DIR}/{dir_name}"), "files staged");
 
         // 2. Render the drop-ins from the installed node paths and stage them outside config.d.
-        let drop_ins = render_for(self.policy, plan, &dir_name, &self.root, t)?;
+        let drop_ins = render_for(self.policy, plan, &dir_name, &self.root, t, &checked)?;
         let all: Vec<(usize, &DropIn)> = drop_ins.iter().enumerate().collect();
         stage_drop_ins(t, &all, &mut work)?;
 
         // 3. Write the state, naming what the commit will make obsolete.
-        let mut st = self.new_state(&dir_name, report_digest, &files, records(&drop_ins, t), trust);
+        let mut st = self.new_state(&dir_name, report_digest, &files, &checked, records(&drop_ins, t), trust);
         state::write(&t.addons, &st)?;
         // The state refers to the new directory now: a failed commit leaves it for the next run.
         work.keep_dir();
@@ -332,6 +339,7 @@ impl<'a> Transaction<'a> {
         dir_name: &str,
         manifest_digest: String,
         files: &[(String, u64)],
+        checked: &[crate::measured::Checked],
         drop_ins: Vec<DropInRecord>,
         trust: TrustRecord,
     ) -> State {
@@ -358,14 +366,15 @@ impl<'a> Transaction<'a> {
                 .iter()
                 .zip(&installed)
                 .zip(files)
-                .map(|((a, f), (sha, size))| FileRecord {
+                .zip(checked)
+                .map(|(((a, f), (sha, size)), c)| FileRecord {
                     kind: a.kind,
                     source: a.source.clone(),
                     path: f.path.clone(),
                     sha256: sha.clone(),
                     size: *size,
-                    filesystem: None,
-                    verity: None,
+                    filesystem: crate::measured::record(c).0,
+                    verity: crate::measured::record(c).1,
                 })
                 .collect(),
             drop_ins,
@@ -380,7 +389,8 @@ impl<'a> Transaction<'a> {
     /// (re)written from the state without a pull when they drifted.
     fn rewrite_drop_ins(&self, old: &State) -> Result<Outcome> {
         let (plan, t) = (self.plan, &self.target);
-        let drop_ins = render_for(self.policy, plan, &old.version_dir, &self.root, t)?;
+        let drop_ins =
+            render_for(self.policy, plan, &old.version_dir, &self.root, t, &crate::measured::from_records(&old.files))?;
         let new_records = records(&drop_ins, t);
         let mut drifted: Vec<(usize, &DropIn)> = Vec::new();
         let mut what = Vec::new();
@@ -440,21 +450,18 @@ impl<'a> Transaction<'a> {
 }
 
 /// Fetches the plan's artifacts into `staging` and checks pinned checksums.
-/// Returns the manifest digest, `(sha256, size)` per artifact in plan order, and the trust
-/// decision that admitted the image.
+/// Returns the manifest digest, `(sha256, size)` per artifact in plan order, the trust
+/// decision that admitted the image, and what the check of each image and extension found
+/// (the guest's own view of the file, before the commit point).
 async fn stage(
     pull: &Pull<'_>,
     image: &ImageRef,
     plan: &Plan,
     t: &Target,
     staging: &str,
-) -> Result<(String, Vec<(String, u64)>, TrustRecord)> {
+) -> Result<(String, Vec<(String, u64)>, TrustRecord, Vec<crate::measured::Checked>)> {
     let dir = t.addons.open_dir(staging).with_context(|| format!("opening {staging}"))?;
-    let wanted: Vec<Wanted> = plan
-        .artifacts
-        .iter()
-        .map(|a| Wanted { path: a.source.clone(), dest_name: a.file_name.clone(), verity: None })
-        .collect();
+    let wanted: Vec<Wanted> = crate::measured::wanted(plan)?;
     let started = Instant::now();
     let report = pull.files(image, &wanted, &dir, INSTALL_DIR).await?;
     let bytes: u64 = report.files.iter().map(|f| f.size).sum();
@@ -488,8 +495,9 @@ async fn stage(
         tracing::info!(step = "verify", kind = %a.kind, source = %a.source, sha256 = %f.sha256, size = f.size, "verified");
         out.push((f.sha256.clone(), f.size));
     }
+    let checked = crate::measured::check_staged(&dir, plan, &report.files)?;
     node::fsync_dir(&dir)?;
-    Ok((report.manifest_digest, out, report.trust))
+    Ok((report.manifest_digest, out, report.trust, checked))
 }
 
 /// A version directory name that is not in use: `<version>-<digest12>`, with a

@@ -1,0 +1,228 @@
+//! Guest images and extension images at install (DESIGN §3a): their dm-verity parameters
+//! (from the plan, or an in-image file fetched with them and parsed with the one shared
+//! parser), and the check of each staged file the way the guest will use it, before the
+//! commit point. What the check found goes to `render` and into the state.
+
+use std::io::Read;
+
+use anyhow::{Context, Result, bail};
+use cap_std::fs::Dir;
+
+use crate::fetch::{FetchedFile, Wanted};
+use crate::policy::{Artifact, ArtifactKind, Filesystem, InstalledFile, Plan, VerityParams, VeritySource};
+use crate::state::{FileRecord, VerityRecord};
+use crate::verity::{self, Role};
+
+/// Staged name of an artifact's fetched verity parameters file (removed before the commit).
+fn verity_file_name(a: &Artifact) -> String {
+    format!("{}.verity-params", a.file_name)
+}
+
+/// Largest in-image verity parameters file read: its first line holds at most
+/// [`kata_addons_facts::verity::MAX_LEN`] bytes of parameters.
+const MAX_VERITY_FILE: u64 = 4096;
+
+/// What the check of one artifact found (nothing for a kernel or initrd).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// Filesystem of the data partition.
+    pub filesystem: Option<Filesystem>,
+    /// The parameters the file verified against.
+    pub verity: Option<VerityParams>,
+}
+
+/// The role a kind of artifact has for the guest, if it is checked at all.
+fn role(kind: ArtifactKind) -> Option<Role> {
+    match kind {
+        ArtifactKind::Image => Some(Role::Image),
+        ArtifactKind::Extension => Some(Role::Extension),
+        ArtifactKind::Kernel | ArtifactKind::Initrd => None,
+    }
+}
+
+/// Decodes checked WIT parameters for the verifier.
+fn params(v: &VerityParams) -> Result<verity::Params> {
+    verity::Params::from_hex(&v.root_hash, &v.salt, v.data_blocks, v.data_block_size, v.hash_block_size)
+        .map_err(|e| anyhow::anyhow!("internal: the policy passed dm-verity parameters that do not decode: {e}"))
+}
+
+/// The files to fetch for `plan`: its artifacts (with the parameters known before the
+/// fetch, so the tree is computed while the file streams in) and their verity files.
+pub fn wanted(plan: &Plan) -> Result<Vec<Wanted>> {
+    let mut out = Vec::new();
+    for a in &plan.artifacts {
+        let streaming = match &a.verity {
+            Some(VeritySource::Params(p)) => Some(params(p)?),
+            _ => None,
+        };
+        out.push(Wanted { path: a.source.clone(), dest_name: a.file_name.clone(), verity: streaming });
+    }
+    for a in &plan.artifacts {
+        if let Some(VeritySource::File(path)) = &a.verity {
+            out.push(Wanted { path: path.clone(), dest_name: verity_file_name(a), verity: None });
+        }
+    }
+    Ok(out)
+}
+
+/// Reads and parses a fetched verity parameters file: its first line.
+fn read_verity_file(dir: &Dir, a: &Artifact, in_image: &str) -> Result<VerityParams> {
+    let name = verity_file_name(a);
+    let f = dir.open(&name).with_context(|| format!("opening the fetched {in_image}"))?;
+    let mut text = Vec::new();
+    f.take(MAX_VERITY_FILE + 1).read_to_end(&mut text).with_context(|| format!("reading the fetched {in_image}"))?;
+    let _ = dir.remove_file(&name);
+    if text.len() as u64 > MAX_VERITY_FILE {
+        bail!("the verity parameters file {in_image} in the image is larger than {MAX_VERITY_FILE} bytes: refused");
+    }
+    let text =
+        String::from_utf8(text).map_err(|_| anyhow::anyhow!("the verity parameters file {in_image} is not UTF-8"))?;
+    let line = text.lines().next().unwrap_or("").trim();
+    let p = kata_addons_facts::verity::parse(line)
+        .map_err(|e| anyhow::anyhow!("the first line of the verity parameters file {in_image} in the image: {e}"))?;
+    Ok(VerityParams {
+        root_hash: p.root_hash,
+        salt: p.salt,
+        data_blocks: p.data_blocks,
+        data_block_size: p.data_block_size,
+        hash_block_size: p.hash_block_size,
+    })
+}
+
+/// Checks every staged image and extension in `dir` (the fetch's `files`), in plan order,
+/// and removes the fetched verity files. A refusal names the in-image file and what differs.
+pub fn check_staged(dir: &Dir, plan: &Plan, files: &[FetchedFile]) -> Result<Vec<Checked>> {
+    let mut out = Vec::new();
+    for a in &plan.artifacts {
+        let Some(role) = role(a.kind) else {
+            out.push(Checked::default());
+            continue;
+        };
+        let verity = match &a.verity {
+            None => None,
+            Some(VeritySource::Params(p)) => Some(p.clone()),
+            Some(VeritySource::File(path)) => Some(read_verity_file(dir, a, path)?),
+        };
+        let streamed = files.iter().find(|f| f.dest_name == a.file_name).and_then(|f| f.streamed.clone());
+        let file = dir.open(&a.file_name).with_context(|| format!("opening the staged {}", a.source))?.into_std();
+        let p = verity.as_ref().map(params).transpose()?;
+        let found = verity::check(&file, &a.source, role, p.as_ref(), streamed)?;
+        tracing::info!(
+            step = "verify",
+            kind = %a.file_name,
+            source = %a.source,
+            filesystem = found.filesystem.as_str(),
+            root_hash = found.root_hash.as_deref().unwrap_or("(unmeasured)"),
+            "checked as the guest will use it"
+        );
+        out.push(Checked { filesystem: Some(wit_fs(found.filesystem)), verity });
+    }
+    Ok(out)
+}
+
+fn wit_fs(f: verity::Filesystem) -> Filesystem {
+    match f {
+        verity::Filesystem::Ext4 => Filesystem::Ext4,
+        verity::Filesystem::Xfs => Filesystem::Xfs,
+        verity::Filesystem::Erofs => Filesystem::Erofs,
+    }
+}
+
+/// The state's name of a filesystem.
+fn fs_name(f: Filesystem) -> &'static str {
+    match f {
+        Filesystem::Ext4 => "ext4",
+        Filesystem::Xfs => "xfs",
+        Filesystem::Erofs => "erofs",
+    }
+}
+
+/// The installed files as `render` takes them, with what their checks found.
+pub fn installed(mut files: Vec<InstalledFile>, checked: &[Checked]) -> Vec<InstalledFile> {
+    for (f, c) in files.iter_mut().zip(checked) {
+        f.filesystem = c.filesystem;
+        f.verity = c.verity.clone();
+    }
+    files
+}
+
+/// What the state records of a check.
+pub fn record(c: &Checked) -> (Option<String>, Option<VerityRecord>) {
+    (
+        c.filesystem.map(|f| fs_name(f).to_string()),
+        c.verity.as_ref().map(|v| VerityRecord {
+            root_hash: v.root_hash.clone(),
+            salt: v.salt.clone(),
+            data_blocks: v.data_blocks,
+            data_block_size: v.data_block_size,
+            hash_block_size: v.hash_block_size,
+        }),
+    )
+}
+
+/// What the state says the checks of the installed files found (a drift repair re-renders
+/// from it without pulling), in the order of `files`.
+pub fn from_records(files: &[FileRecord]) -> Vec<Checked> {
+    files
+        .iter()
+        .map(|f| Checked {
+            filesystem: match f.filesystem.as_deref() {
+                Some("ext4") => Some(Filesystem::Ext4),
+                Some("xfs") => Some(Filesystem::Xfs),
+                Some("erofs") => Some(Filesystem::Erofs),
+                _ => None,
+            },
+            verity: f.verity.as_ref().map(|v| VerityParams {
+                root_hash: v.root_hash.clone(),
+                salt: v.salt.clone(),
+                data_blocks: v.data_blocks,
+                data_block_size: v.data_block_size,
+                hash_block_size: v.hash_block_size,
+            }),
+        })
+        .collect()
+}
+
+/// What `preview` can know without the image: parameters given in the ConfigMap.
+pub fn preview(plan: &Plan) -> Vec<Checked> {
+    plan.artifacts
+        .iter()
+        .map(|a| Checked {
+            filesystem: None,
+            verity: match &a.verity {
+                Some(VeritySource::Params(p)) => Some(p.clone()),
+                _ => None,
+            },
+        })
+        .collect()
+}
+
+/// The facts `render` takes of one runtime configuration found on the node: its boot keys
+/// and extension images in effect without kata-addons' drop-in ([`crate::runtime_facts`]).
+pub fn runtime_config_facts(
+    root: &crate::node::Root,
+    rc: &crate::runtime::RuntimeConfig,
+) -> Result<crate::policy::RuntimeConfigFacts> {
+    let f = crate::runtime_facts::read(
+        root,
+        &rc.rel,
+        &rc.resolved,
+        kata_addons_facts::HYPERVISOR_TABLE,
+        kata_addons_facts::DROP_IN_NAME,
+    )?;
+    Ok(crate::policy::RuntimeConfigFacts {
+        path: f.path,
+        handler: None,
+        keys: f
+            .keys
+            .into_iter()
+            .map(|k| crate::policy::EffectiveKey { key: k.key, value: k.value, from: k.from })
+            .collect(),
+        extensions: f
+            .extensions
+            .into_iter()
+            .map(|e| crate::policy::ExtensionImage { name: e.name, path: e.path, verity_params: e.verity_params })
+            .collect(),
+        extensions_from: f.extensions_from,
+    })
+}
