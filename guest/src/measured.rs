@@ -249,9 +249,12 @@ pub(crate) fn boot(
     errs: &mut Vec<Violation>,
 ) -> Boot {
     let mut b = Boot { kernel_verity_params: None, rootfs_type: None, extensions: None };
+    let from_file =
+        |k: ArtifactKind| plan.artifacts.iter().any(|a| a.kind == k && matches!(a.verity, Some(VeritySource::File(_))));
     if let Some(img) = image {
         match &img.verity {
             Some(v) => b.kernel_verity_params = Some(v.to_kata()),
+            None if from_file(ArtifactKind::Image) => {}
             None => {
                 if let Some(k) = rc.keys.iter().find(|k| k.key == "kernel_verity_params" && !k.value.trim().is_empty())
                 {
@@ -316,7 +319,9 @@ pub(crate) fn check_installed(plan: &Plan, f: &InstalledFile, errs: &mut Vec<Vio
             ViolationCode::Inconsistent,
             format!("the {name} carries dm-verity parameters but the plan has none"),
         )),
-        (Some(_), None) => errs.push(violation(
+        // Parameters from an in-image file are known only once it is fetched (`preview`
+        // shows the drop-in before): they are then left out (image) or empty (extension).
+        (Some(VeritySource::Params(_)), None) => errs.push(violation(
             "installed",
             ViolationCode::Inconsistent,
             format!("the plan's {name} is measured but the installed file carries no verified parameters"),

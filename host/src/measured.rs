@@ -226,3 +226,21 @@ pub fn runtime_config_facts(
         extensions_from: f.extensions_from,
     })
 }
+
+/// What `preview` cannot show: dm-verity parameters that come from a file in the image.
+pub fn preview_note(plan: &Plan) -> Option<String> {
+    let files: Vec<String> = plan
+        .artifacts
+        .iter()
+        .filter_map(|a| match &a.verity {
+            Some(VeritySource::File(p)) => Some(format!("{} (for the {})", p, crate::preview::kind_name(a.kind))),
+            _ => None,
+        })
+        .collect();
+    (!files.is_empty()).then(|| {
+        format!(
+            "dm-verity parameters come from {} in the image: install reads and verifies them, the preview shows them empty",
+            files.join(", ")
+        )
+    })
+}

@@ -104,6 +104,10 @@ pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, select
         ),
     };
     let drop_ins = policy.render(&plan, &installed, &configs)?;
+    let note = match (note, crate::measured::preview_note(&plan)) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
     Ok(Preview { env, plan, installed, drop_ins, note })
 }
 
