@@ -97,10 +97,13 @@ fn keys_env_order_and_plan() {
     assert!(env(&data(&[("extensionPath", "/e.img"), ("extensionName", "coco")])).is_ok());
 }
 
+/// Inputs and the (key, code) one of the violations must have.
+type Case<'a> = (Vec<(&'a str, &'a str)>, (&'a str, ViolationCode));
+
 #[test]
 fn validation_rules() {
     let p = params();
-    let cases: Vec<(Vec<(&str, &str)>, (&str, ViolationCode))> = alloc::vec![
+    let cases: Vec<Case<'_>> = alloc::vec![
         (
             alloc::vec![("kernelPath", "/k"), ("imageVerityParams", &p)],
             ("imageVerityParams", ViolationCode::Inconsistent)
