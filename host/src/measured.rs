@@ -233,7 +233,7 @@ pub fn preview_note(plan: &Plan) -> Option<String> {
         .artifacts
         .iter()
         .filter_map(|a| match &a.verity {
-            Some(VeritySource::File(p)) => Some(format!("{} (for the {})", p, crate::preview::kind_name(a.kind))),
+            Some(VeritySource::File(p)) => Some(format!("{p} (for the {})", a.file_name)),
             _ => None,
         })
         .collect();
