@@ -315,19 +315,17 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
     };
 
     match (errs.is_empty(), parsed, provider, version) {
-        (true, Some(r), Some(provider), Some(version)) => {
-            Ok(Config {
-                image: r.normalised,
-                source: r.source,
-                provider,
-                version,
-                paths,
-                shas,
-                runtime_classes,
-                measured,
-                measured_raw,
-            })
-        }
+        (true, Some(r), Some(provider), Some(version)) => Ok(Config {
+            image: r.normalised,
+            source: r.source,
+            provider,
+            version,
+            paths,
+            shas,
+            runtime_classes,
+            measured,
+            measured_raw,
+        }),
         _ => Err(errs),
     }
 }
