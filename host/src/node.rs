@@ -111,7 +111,9 @@ impl Root {
     }
 }
 
-fn refused_or(rel: &Path, what: &str) -> String {
+/// Context for a failed open or create of `rel` under the root: names the node path and
+/// says a symlink leading outside the root is refused.
+pub(crate) fn refused_or(rel: &Path, what: &str) -> String {
     format!("{what} /{} under the node root (a symlink that leads outside the root is refused)", rel.display())
 }
 

@@ -210,7 +210,7 @@ pub fn fragments(root: &Root, rc_rel: &Path) -> Result<Vec<Fragment>> {
     let dir = match root.dir().open_dir(&config_d) {
         Ok(d) => d,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(e).with_context(|| format!("opening {}", node::node_path(&config_d))),
+        Err(e) => return Err(e).with_context(|| node::refused_or(&config_d, "opening")),
     };
     let mut names = Vec::new();
     for entry in dir.entries().with_context(|| format!("listing {}", node::node_path(&config_d)))? {

@@ -228,6 +228,23 @@ impl Default for Node {
     }
 }
 
+/// The `[[hypervisor.qemu.guest_extension_images]]` entries of a loaded configuration, in
+/// order: (name, path, verity_params).
+pub fn extension_entries(doc: &toml::Table) -> Vec<(String, String, String)> {
+    let entries = doc.get("hypervisor").and_then(|h| h.get("qemu")).and_then(|q| q.get("guest_extension_images"));
+    entries
+        .and_then(|v| v.as_array())
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    let s = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+                    (s("name"), s("path"), s("verity_params"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Keys of `over` override those of `base`; tables merge recursively.
 pub fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {

@@ -4,8 +4,9 @@
 
 use std::process::Output;
 
+use kata_addons_tests::disk::{self, Fs, Label};
 use kata_addons_tests::image::{Compress, Image, LayerBuilder};
-use kata_addons_tests::node::{Node, Tmpfs, content_snapshot, noise};
+use kata_addons_tests::node::{Node, Tmpfs, content_snapshot, extension_entries, noise};
 use kata_addons_tests::oras::{self, Workdir};
 use kata_addons_tests::registry::{Registry, RegistryConfig};
 use kata_addons_tests::{run_kata_env, sha256_hex, show};
@@ -477,10 +478,120 @@ fn the_coco_extension_disk_shape_is_fetched_as_published() {
 }
 
 /// A kernel, a measured guest image with its verity file, and an extension, all from one
-/// artifact, installed on a Kata 4 node root (the extension keys of issue 18).
+/// artifact, installed on a Kata 4 node root (the extension keys of issue 18); a damaged
+/// extension in the same artifact is refused before the commit, leaving the node unchanged.
 #[test]
-#[ignore = "needs issue 18 keys (imageVerityPath, extensionPath) on main"]
-fn a_kernel_a_verity_image_and_an_extension_install_from_one_artifact() {}
+fn a_kernel_a_verity_image_and_an_extension_install_from_one_artifact() {
+    if let Some(why) = disk::missing_tools() {
+        panic!("{why}");
+    }
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (guest, gv) = disk::measured(tmp.path(), "guest", Fs::Erofs, Label::Gpt, "5eed", 4096, 4096);
+    let (ext, ev) = disk::measured(tmp.path(), "coco", Fs::Erofs, Label::Mbr, "c0c0", 4096, 4096);
+    let kernel = noise(300_000, 21);
+    let mut damaged = std::fs::read(&ext).expect("ext");
+    damaged[(1 << 20) + 4096 + 3] ^= 1;
+    let w = Workdir::new();
+    w.file("vmlinuz", &kernel)
+        .file("kata-containers-confidential.img", &std::fs::read(&guest).expect("guest"))
+        .file("root_hash_confidential.txt", format!("{}\n", gv.kata_params()).as_bytes())
+        .file("kata-containers-coco-extension.img", &std::fs::read(&ext).expect("ext"))
+        .file("damaged-extension.img", &damaged)
+        .file("root_hash_coco-extension.txt", format!("{}\n", ev.kata_params()).as_bytes());
+    let files = [
+        "vmlinuz",
+        "kata-containers-confidential.img",
+        "root_hash_confidential.txt",
+        "kata-containers-coco-extension.img",
+        "damaged-extension.img",
+        "root_hash_coco-extension.txt",
+    ];
+    w.push(&reg.host(), "kata/snp-guest:v4", None, &files);
+    let image = format!("{}/kata/snp-guest:v4", reg.host());
+    let env = |extension: &str| -> Vec<(&'static str, String)> {
+        vec![
+            ("ADDON_IMAGE", image.clone()),
+            ("ADDON_PROVIDER", "snp".to_string()),
+            ("ADDON_KERNEL_PATH", "/vmlinuz".to_string()),
+            ("ADDON_IMAGE_PATH", "/kata-containers-confidential.img".to_string()),
+            ("ADDON_IMAGE_VERITY_PATH", "/root_hash_confidential.txt".to_string()),
+            ("ADDON_EXTENSION_PATH", extension.to_string()),
+            ("ADDON_EXTENSION_NAME", "coco".to_string()),
+            ("ADDON_EXTENSION_VERITY_PATH", "/root_hash_coco-extension.txt".to_string()),
+        ]
+    };
+    let node = Node::new();
+    let before = content_snapshot(node.root());
+
+    let bad_env = env("/damaged-extension.img");
+    let bad: Vec<(&str, &str)> = bad_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let o = install(&node, &reg, &bad, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(stderr(&o).contains("damaged-extension.img"), "names the damaged file: {}", show(&o));
+    let mut after = content_snapshot(node.root());
+    after.retain(|k, _| k != "run" && !k.starts_with("run/"));
+    assert_eq!(after, before, "a refused extension leaves the node unchanged (but for the node lock)");
+
+    let good_env = env("/kata-containers-coco-extension.img");
+    let good: Vec<(&str, &str)> = good_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let o = install(&node, &reg, &good, &[]);
+    assert!(o.status.success(), "{}", show(&o));
+    let eff = node.effective("snp");
+    let q = &eff["hypervisor"]["qemu"];
+    let kernel_path = q["kernel"].as_str().expect("kernel");
+    let dir = kernel_path.rsplit_once('/').expect("dir").0.to_string();
+    assert!(dir.starts_with("/etc/kata-containers/addons/"), "{dir}");
+    assert_eq!(read_node_file(&node, kernel_path), kernel);
+    assert_eq!(read_node_file(&node, q["image"].as_str().expect("image")), std::fs::read(&guest).expect("guest"));
+    assert_eq!(q["kernel_verity_params"].as_str(), Some(gv.kata_params().as_str()));
+    assert_eq!(q["rootfs_type"].as_str(), Some("erofs"));
+    let entries = extension_entries(&eff);
+    assert_eq!(entries, vec![("coco".to_string(), format!("{dir}/extension"), ev.kata_params())]);
+    assert_eq!(read_node_file(&node, &entries[0].1), std::fs::read(&ext).expect("ext"));
+    let st: serde_json::Value =
+        serde_json::from_slice(&read_node_file(&node, "/etc/kata-containers/addons/state.json")).expect("state");
+    let roots: Vec<&str> =
+        st["files"].as_array().expect("files").iter().filter_map(|f| f["verity"]["rootHash"].as_str()).collect();
+    assert_eq!(roots, vec![gv.root_hash.as_str(), ev.root_hash.as_str()], "both verified, recorded");
+}
+
+/// guest-components' `coco-extension-disk`, as published (its disk and its
+/// `root_hash_<name>.txt`), installed as a guest extension on its own.
+#[test]
+fn the_coco_extension_disk_installs_as_an_extension() {
+    if let Some(why) = disk::missing_tools() {
+        panic!("{why}");
+    }
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (ext, ev) = disk::measured(tmp.path(), "coco", Fs::Erofs, Label::Gpt, "c0c0", 4096, 4096);
+    let w = Workdir::new();
+    w.file("kata-containers-coco-extension.img", &std::fs::read(&ext).expect("ext"))
+        .file("root_hash_coco-extension.txt", format!("{}\n", ev.kata_params()).as_bytes());
+    let files = ["kata-containers-coco-extension.img", "root_hash_coco-extension.txt"];
+    w.push(&reg.host(), "confidential-containers/coco-extension-disk:v1", Some(COCO_EXTENSION), &files);
+    let image = format!("{}/confidential-containers/coco-extension-disk:v1", reg.host());
+    let node = Node::new();
+    let env = [
+        ("ADDON_IMAGE", image.as_str()),
+        ("ADDON_PROVIDER", "tdx"),
+        ("ADDON_EXTENSION_PATH", "/kata-containers-coco-extension.img"),
+        ("ADDON_EXTENSION_NAME", "coco"),
+        ("ADDON_EXTENSION_VERITY_PATH", "/root_hash_coco-extension.txt"),
+    ];
+    let base = node.effective("tdx");
+    let o = install(&node, &reg, &env, &[]);
+    assert!(o.status.success(), "{}", show(&o));
+    let eff = node.effective("tdx");
+    let entries = extension_entries(&eff);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!((entries[0].0.as_str(), entries[0].2.as_str()), ("coco", ev.kata_params().as_str()));
+    assert_eq!(read_node_file(&node, &entries[0].1), std::fs::read(&ext).expect("ext"));
+    for key in ["kernel", "image", "initrd"] {
+        assert_eq!(eff["hypervisor"]["qemu"].get(key), base["hypervisor"]["qemu"].get(key), "{key} untouched");
+    }
+}
 
 /// The README's worked example: its `oras push` of a kernel, then its ConfigMap, installed.
 #[test]

@@ -7,11 +7,12 @@
 //! refusals leave the node unchanged; uninstall gives back the base.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use kata_addons_tests::disk::{self, Fs, Label};
 use kata_addons_tests::image::{Compress, Image, LayerBuilder};
-use kata_addons_tests::node::{Node, content_snapshot};
+use kata_addons_tests::node::{Node, content_snapshot, extension_entries};
 use kata_addons_tests::{kata_addons_bin, show};
 
 const SHIM: &str = "qemu-snp-runtime-rs";
@@ -116,21 +117,6 @@ fn snapshot(root: &Path) -> std::collections::BTreeMap<String, String> {
     s
 }
 
-fn ext_entries(doc: &toml::Table) -> Vec<(String, String, String)> {
-    doc["hypervisor"]["qemu"]
-        .get("guest_extension_images")
-        .and_then(|v| v.as_array())
-        .map(|a| {
-            a.iter()
-                .map(|e| {
-                    let s = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-                    (s("name"), s("path"), s("verity_params"))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn kata_deploy_snp_root_measured_image_and_extension() {
     if let Some(why) = disk::missing_tools() {
@@ -224,7 +210,7 @@ fn kata_deploy_snp_root_measured_image_and_extension() {
     assert_eq!(q["kernel_verity_params"].as_str(), Some(gp.as_str()));
     assert_eq!(q["rootfs_type"].as_str(), Some("erofs"));
     assert_eq!(
-        ext_entries(&eff),
+        extension_entries(&eff),
         vec![
             ("coco".to_string(), format!("{dir}/extension"), ev.kata_params()),
             ("devkit".to_string(), DEVKIT.to_string(), String::new()),
@@ -252,7 +238,7 @@ fn kata_deploy_snp_root_measured_image_and_extension() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"devkit\" is stale"), "{}", show(&o));
     let o = kata(&["install", "--configmap", &cm, "--root", &root]);
     assert!(o.status.success(), "{}", show(&o));
-    assert_eq!(ext_entries(&node.effective_of(CONFIG))[1].2, COCO_PARAMS);
+    assert_eq!(extension_entries(&node.effective_of(CONFIG))[1].2, COCO_PARAMS);
     assert_eq!(kata(&["status", "--root", &root]).status.code(), Some(0));
 
     // A later fragment that replaces the array and the verity key shadows ours.
@@ -275,8 +261,73 @@ fn kata_deploy_snp_root_measured_image_and_extension() {
         b
     });
     assert_eq!(
-        ext_entries(&node.effective_of(CONFIG))[0].1,
+        extension_entries(&node.effective_of(CONFIG))[0].1,
         "/opt/kata/share/kata-containers/kata-containers-coco.img"
     );
     let _ = SHIM;
+}
+
+/// The daemon re-renders within one resync when the entries it re-emits change underneath:
+/// a kata-deploy upgrade that edits devkit's verity parameters in `25-devkit.toml`.
+#[test]
+fn the_daemon_re_renders_when_a_re_emitted_entry_changes_underneath() {
+    if let Some(why) = disk::missing_tools() {
+        panic!("{why}");
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    let node = Node::empty();
+    node.write(CONFIG, &kata_config());
+    let devkit_path = format!("{}/config.d/25-devkit.toml", CONFIG.rsplit_once('/').expect("dir").0);
+    node.write(&devkit_path, &devkit_fragment(""));
+    let (ext, ev) = disk::measured(d, "coco", Fs::Erofs, Label::Gpt, "c0c0", 4096, 4096);
+    let layer = LayerBuilder::new()
+        .file("images/kata-containers-coco.img", &std::fs::read(&ext).expect("ext"))
+        .build(Compress::Gzip);
+    Image::new(vec![layer]).write_layout(&d.join("layout"), "v1");
+    let reference = format!("oci:{}:v1", d.join("layout").display());
+    let params = ev.kata_params();
+    let cm = write_configmap(
+        d,
+        "cm.json",
+        &[
+            ("addonImage", &reference),
+            ("provider", "snp"),
+            ("extensionPath", "/images/kata-containers-coco.img"),
+            ("extensionName", "coco"),
+            ("extensionVerityParams", &params),
+        ],
+    );
+    let (ready, log) = (d.join("ready"), d.join("daemon.log"));
+    let mut child = Command::new(kata_addons_bin())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["daemon", "--poll-interval", "0.2", "--start-jitter", "0", "--configmap", &cm, "--root"])
+        .arg(node.root())
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn daemon");
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !f() {
+            if start.elapsed() > Duration::from_secs(90) {
+                panic!("timed out waiting for {what}:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait("readiness", &|| ready.exists());
+    let devkit = |eff: &toml::Table| extension_entries(eff).into_iter().find(|e| e.0 == "devkit").map(|e| e.2);
+    assert_eq!(devkit(&node.effective_of(CONFIG)), Some(String::new()));
+    node.write(&devkit_path, &devkit_fragment(COCO_PARAMS));
+    wait("the re-render", &|| devkit(&node.effective_of(CONFIG)).as_deref() == Some(COCO_PARAMS));
+    let entries = extension_entries(&node.effective_of(CONFIG));
+    assert_eq!(entries[0].0, "coco");
+    assert_eq!(entries[0].2, params, "ours still replaces coco");
+    assert_eq!(kata(&["status", "--root", node.root().to_str().expect("utf-8")]).status.code(), Some(0));
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -334,7 +334,8 @@ fn a_looping_policy_is_denied_at_the_deadline() {
     assert_eq!(st.code, Some(500));
     let msg = st.message.expect("message");
     assert!(msg.contains("did not finish within"), "{msg}");
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    // A failure detector (the loop never ends by itself), not a benchmark.
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
     // The server is fine afterwards.
     let r = rt.block_on(f.client.post(Proto::Http1, "/validate", &create("uid-ok", &configmap(NAME, VALID))));
     assert_eq!(response(&r, "uid-ok")["allowed"], true);

@@ -42,7 +42,11 @@ pub(super) struct Target {
 impl Target {
     /// The facts of each resolved runtime configuration, as `render` takes them.
     pub(super) fn runtime_configs(&self) -> Vec<RuntimeConfigFacts> {
-        self.configs.iter().zip(&self.facts).map(|(c, f)| RuntimeConfigFacts { handler: c.handler.clone(), ..f.clone() }).collect()
+        self.configs
+            .iter()
+            .zip(&self.facts)
+            .map(|(c, f)| RuntimeConfigFacts { handler: c.handler.clone(), ..f.clone() })
+            .collect()
     }
 }
 
