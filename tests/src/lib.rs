@@ -9,6 +9,7 @@
 //! - [`cri`]: node roots in kata-deploy's formats (Kata shims, custom runtimes, CRI-O and
 //!   containerd handlers) and containerd's own `config dump` as the oracle;
 //! - [`disk`]: measured guest disk images (mkfs.erofs/ext4/xfs, veritysetup, sfdisk) and the veritysetup oracle;
+//! - [`daemon`]: `kata-addons daemon` as a process, a kubelet-style ConfigMap volume, log waits;
 //! - [`admission`]: an HTTPS client and AdmissionReview bodies for `kata-addons webhook`;
 //! - [`abuse`]: idle connections, trickling bodies and 3 MiB floods against the webhook;
 //! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
@@ -22,6 +23,7 @@
 pub mod abuse;
 pub mod admission;
 pub mod cri;
+pub mod daemon;
 pub mod disk;
 pub mod fileserver;
 pub mod guests;

@@ -2,105 +2,12 @@
 //! a directory (Kubernetes' `..data` symlink swap), keeps the last good addon on a bad
 //! change, exits 0 on SIGTERM with the install kept, and fails fast instead of hanging.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kata_addons_tests::daemon::{ConfigMapDir, Daemon, log_lines_with, wait_for};
 use kata_addons_tests::node::{Node, layout_with, noise};
 use kata_addons_tests::{kata_addons_bin, sha256_hex, show};
-
-/// Writes a ConfigMap volume the way the kubelet does: data in a timestamped directory,
-/// `..data` pointing at it, one symlink per key; updates swap `..data` atomically.
-struct ConfigMapDir {
-    dir: tempfile::TempDir,
-    generation: u32,
-}
-
-impl ConfigMapDir {
-    fn new(data: &[(&str, &str)]) -> Self {
-        let mut c = ConfigMapDir { dir: tempfile::tempdir().expect("cm dir"), generation: 0 };
-        c.update(data);
-        c
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn update(&mut self, data: &[(&str, &str)]) {
-        self.generation += 1;
-        let gen_dir = format!("..2026_11_29_00_00_{:02}.{}", self.generation, self.generation);
-        let full = self.path().join(&gen_dir);
-        std::fs::create_dir(&full).expect("mkdir gen");
-        for (k, v) in data {
-            std::fs::write(full.join(k), v).expect("write key");
-        }
-        let tmp = self.path().join("..data_tmp");
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&gen_dir, &tmp).expect("symlink");
-        std::fs::rename(&tmp, self.path().join("..data")).expect("swap ..data");
-        for (k, _) in data {
-            let link = self.path().join(k);
-            if std::fs::symlink_metadata(&link).is_err() {
-                std::os::unix::fs::symlink(format!("..data/{k}"), &link).expect("key symlink");
-            }
-        }
-        // Keys that disappeared: the kubelet removes their symlinks.
-        for e in std::fs::read_dir(self.path()).expect("ls").flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !name.starts_with('.') && !data.iter().any(|(k, _)| *k == name) {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
-}
-
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(node: &Node, cm: &Path, ready: &Path, log: PathBuf) -> Daemon {
-        let logf = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(kata_addons_bin())
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .args(["daemon", "--poll-interval", "0.2", "--start-jitter", "0", "--root"])
-            .arg(node.root())
-            .arg("--configmap-dir")
-            .arg(cm)
-            .arg("--ready-file")
-            .arg(ready)
-            .stdout(Stdio::null())
-            .stderr(logf)
-            .spawn()
-            .expect("spawn daemon");
-        Daemon { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}; daemon log:\n{}", log());
-}
 
 fn kernel_sha(node: &Node) -> Option<String> {
     let k = node.qemu_key("se", "kernel")?;
@@ -119,7 +26,7 @@ fn daemon_installs_follows_changes_keeps_last_good_and_exits_on_sigterm() {
     let node = Node::new();
     let mut cm = ConfigMapDir::new(&[("addonImage", &img1), ("kernelPath", "/vmlinuz")]);
     let ready = dir.path().join("ready");
-    let d = Daemon::start(&node, cm.path(), &ready, dir.path().join("daemon.log"));
+    let d = Daemon::start(node.root(), cm.path(), &ready, dir.path().join("daemon.log"));
 
     wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
     assert_eq!(kernel_sha(&node), Some(sha256_hex(&k1)));
@@ -205,15 +112,6 @@ fn daemon_fails_fast_when_the_install_cannot_succeed() {
     assert!(start.elapsed() < Duration::from_secs(30));
     assert!(!dir.path().join("ready").exists());
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing"), "{}", show(&o));
-}
-
-/// JSON log lines of the daemon at INFO and above whose `message` contains `needle`.
-fn log_lines_with(log: &str, needle: &str) -> Vec<serde_json::Value> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["level"] != "DEBUG" && v["level"] != "TRACE")
-        .filter(|v| v["message"].as_str().is_some_and(|m| m.contains(needle)))
-        .collect()
 }
 
 /// Drift repair by the periodic resync alone: with `--watch none` no change notification
@@ -335,7 +233,7 @@ fn daemon_installs_oci_artifacts() {
     let mut cm = ConfigMapDir::new(&[("addonImage", &image("v1")), ("kernelPath", "/vmlinuz")]);
     let dir = tempfile::tempdir().expect("tmp");
     let ready = dir.path().join("ready");
-    let d = Daemon::start(&node, cm.path(), &ready, dir.path().join("daemon.log"));
+    let d = Daemon::start(node.root(), cm.path(), &ready, dir.path().join("daemon.log"));
     wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
     assert_eq!(kernel_sha(&node), Some(sha256_hex(&k1)), "{}", d.log());
     cm.update(&[("addonImage", &image("v2")), ("kernelPath", "/vmlinuz")]);

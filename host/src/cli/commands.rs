@@ -59,8 +59,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             print_install(&outcome);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Uninstall { node, layout } => {
-            let done = install::uninstall(&node.site(), &layout.checked_selection()?)?;
+        Command::Uninstall { node, layout, force } => {
+            let done = install::uninstall(&node.site(), &layout.checked_selection()?, force)?;
             print_uninstall(&done);
             Ok(ExitCode::SUCCESS)
         }
@@ -86,6 +86,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             layout,
             resync,
             watch,
+            verify_interval,
+            failure_backoff,
+            failure_backoff_max,
         } => {
             let options = DaemonFlags {
                 action,
@@ -98,10 +101,18 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 start_jitter,
                 resync,
                 watch,
+                verify_interval,
+                failure_backoff,
+                failure_backoff_max,
             }
             .options()?;
             let policy = g.load_policy()?;
-            runtime()?.block_on(daemon::Daemon::new(options).run(&policy))?;
+            let rt = runtime()?;
+            let result = rt.block_on(daemon::Daemon::new(options).run(&policy));
+            // An install abandoned on SIGTERM may still run on the blocking pool: do not
+            // wait for it (the node keeps its previous state, as after a crash).
+            rt.shutdown_timeout(std::time::Duration::from_millis(100));
+            result?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -235,6 +235,10 @@ pub enum Command {
         /// `--allow-shared-config-d` has no effect: only files carrying kata-addons' header go).
         #[command(flatten)]
         layout: LayoutArgs,
+        /// Uninstall even while a live `kata-addons daemon` owns this node root (it will
+        /// reinstall the addon unless it is stopped).
+        #[arg(long)]
+        force: bool,
     },
     /// Verify the installed files and drop-in against the state (exit 3: none, 4: drifted).
     Status {
@@ -280,6 +284,18 @@ pub enum Command {
         /// none (only the periodic --resync).
         #[arg(long, value_enum, value_name = "HOW", default_value_t = Watch::Inotify)]
         watch: Watch,
+        /// Hash every installed file again this often, in seconds; the checks between
+        /// compare size, inode, mtime and ctime, and hash only a file whose metadata changed.
+        #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+        verify_interval: f64,
+        /// After a failed attempt (a ConfigMap change that cannot be applied, a repair that
+        /// fails or is undone again), wait this long before the next, doubling per failure
+        /// (less up to 25 % jitter)…
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+        failure_backoff: f64,
+        /// …up to this; another input, another image digest or a success starts over.
+        #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+        failure_backoff_max: f64,
     },
     /// Validating admission webhook for the ConfigMap `kata-addon-artifacts` (HTTPS).
     Webhook(WebhookArgs),

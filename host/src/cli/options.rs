@@ -243,6 +243,9 @@ pub(super) struct DaemonFlags<'a> {
     pub start_jitter: f64,
     pub resync: f64,
     pub watch: Watch,
+    pub verify_interval: f64,
+    pub failure_backoff: f64,
+    pub failure_backoff_max: f64,
 }
 
 impl DaemonFlags<'_> {
@@ -254,6 +257,12 @@ impl DaemonFlags<'_> {
         let start_jitter = seconds("start-jitter", self.start_jitter, 0.0, 3600.0)?;
         if !(self.resync.is_finite() && (self.resync == 0.0 || (0.1..=86400.0).contains(&self.resync))) {
             return Err(usage("--resync must be 0 (never) or between 0.1 and 86400 seconds"));
+        }
+        let verify_interval = seconds("verify-interval", self.verify_interval, 1.0, 7.0 * 86400.0)?;
+        let backoff_min = seconds("failure-backoff", self.failure_backoff, 0.1, 3600.0)?;
+        let backoff_max = seconds("failure-backoff-max", self.failure_backoff_max, 0.1, 86400.0)?;
+        if backoff_max < backoff_min {
+            return Err(usage("--failure-backoff-max must not be below --failure-backoff"));
         }
         Ok(daemon::DaemonOptions {
             action: match self.action {
@@ -276,6 +285,9 @@ impl DaemonFlags<'_> {
                 Watch::Poll => daemon::Watch::Poll,
                 Watch::None => daemon::Watch::None,
             },
+            verify_interval,
+            backoff_min,
+            backoff_max,
         })
     }
 }

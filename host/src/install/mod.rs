@@ -2,15 +2,19 @@
 //!
 //! Rooms: [`transaction`] (the atomic switch of DESIGN.md §4), [`target`] (where a plan
 //! goes on this node), [`discovery`] (where kata-addons' files are on a node),
-//! [`sweep`] (what killed runs left behind), [`uninstall`] and [`status`].
+//! [`sweep`] (what killed runs left behind), [`facts`] (what an install learns for the
+//! daemon), [`owner`] (the daemon owning a node root), [`uninstall`] and [`status`].
 
 pub mod discovery;
+pub mod facts;
+pub mod owner;
 pub mod status;
 pub mod sweep;
 pub mod target;
 pub mod transaction;
 pub mod uninstall;
 
+pub use facts::{FileFacts, Observed};
 pub use status::{Effective, Status, recorded_state, status};
-pub use transaction::{Outcome, Pin, image_ref, install};
+pub use transaction::{Outcome, Pin, image_ref, install, install_observed};
 pub use uninstall::{Uninstalled, uninstall};

@@ -57,7 +57,7 @@ fn owner_gone(pid: i32) -> bool {
 }
 
 /// Removes what killed runs left behind (DESIGN §4 keeps them out of `config.d`, but they
-/// still take space): staging directories and temporary state files in the install
+/// still take space): staging directories and temporary state and owner files in the install
 /// directory, temporary drop-ins beside the runtime configurations of `dirs`. Only names
 /// this program makes are touched, and only when their owner process is gone.
 /// Returns the node paths removed.
@@ -65,10 +65,14 @@ pub(super) fn sweep_leftovers(root: &Root, addons: Option<&Dir>, dirs: &[PathBuf
     let mut removed = Vec::new();
     if let Some(addons) = addons {
         let state_tmp = state_tmp_prefix();
+        let owner_tmp = format!(".{}.tmp-", super::owner::OWNER_FILE);
         for entry in addons.entries().context("listing the install directory")? {
             let entry = entry.context("listing the install directory")?;
             let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
-            let Some(suffix) = name.strip_prefix(STAGING_PREFIX).or_else(|| name.strip_prefix(state_tmp.as_str()))
+            let Some(suffix) = name
+                .strip_prefix(STAGING_PREFIX)
+                .or_else(|| name.strip_prefix(state_tmp.as_str()))
+                .or_else(|| name.strip_prefix(owner_tmp.as_str()))
             else {
                 continue;
             };

@@ -14,6 +14,7 @@ use cap_std::fs::Dir;
 use sha2::{Digest, Sha256};
 
 use super::discovery::{known_config_dirs, open_dir_if_exists, our_drop_ins, version_dirs};
+use super::facts::{FileFacts, FileMeta, Observed};
 use super::sweep::{STAGING_PREFIX, sweep_leftovers, tmp_drop_in_name};
 use super::target::{Target, target};
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
@@ -200,6 +201,22 @@ pub async fn install(
     selection: &Selection,
     pin: Pin,
 ) -> Result<Outcome> {
+    install_observed(policy, plan, opts, site, selection, pin, &mut Observed::default()).await
+}
+
+/// [`install`], trusting the files of `obs.facts` whose metadata did not change (the
+/// daemon's checks) and reporting the digest and the files known intact in `obs`.
+pub async fn install_observed(
+    policy: &Policy,
+    plan: &Plan,
+    opts: &PullOptions,
+    site: &Site,
+    selection: &Selection,
+    pin: Pin,
+    obs: &mut Observed,
+) -> Result<Outcome> {
+    let known = std::mem::take(&mut obs.facts);
+    obs.digest = None;
     let started = Instant::now();
     let root = Root::open(&site.root)?;
     // Image trust first (issue 9): nothing is written on the node for an image the policy
@@ -223,17 +240,26 @@ pub async fn install(
         _ if recorded.is_some() => recorded.map(|o| o.manifest_digest.clone()).unwrap_or_default(),
         _ => pull.resolve(&image).await?.image.manifest_digest,
     };
+    obs.digest = Some(digest.clone());
     if let Some(old) = &tx.old
         && same_request(plan, &digest, old)
     {
-        match file_drift(plan, old, &tx.target)? {
-            None => return tx.rewrite_drop_ins(old),
+        match file_drift(plan, old, &tx.target, &known, obs)? {
+            None => {
+                let outcome = tx.rewrite_drop_ins(old);
+                if outcome.is_err() {
+                    obs.facts.clear();
+                }
+                return outcome;
+            }
             Some(why) => {
                 tracing::warn!(step = "repair", version = %old.version, "drift: {why}; pulling {} again", old.manifest_digest)
             }
         }
     }
     let st = tx.switch(&pull, &image).await?;
+    obs.digest = Some(st.manifest_digest.clone());
+    obs.facts = installed_facts(plan, &st, &tx.target);
     tracing::info!(
         version = %st.version,
         digest = %st.manifest_digest,
@@ -528,29 +554,69 @@ fn same_request(plan: &Plan, digest: &str, st: &State) -> bool {
 }
 
 /// `None` when every recorded file is where the plan puts it with the recorded (and
-/// pinned) sha256; otherwise what differs.
-fn file_drift(plan: &Plan, st: &State, t: &Target) -> Result<Option<String>> {
+/// pinned) sha256; otherwise what differs. A file whose metadata is the one `known`
+/// recorded when it was last hashed is not hashed again; `obs` gets the files known intact
+/// (when none drifted) and the count of files hashed.
+fn file_drift(plan: &Plan, st: &State, t: &Target, known: &FileFacts, obs: &mut Observed) -> Result<Option<String>> {
     let installed = layout::installed_files(plan, &st.version_dir);
+    let (mut hashed, mut unchanged) = (0usize, 0usize);
+    let mut facts = FileFacts::new();
+    let mut drift = None;
     for ((a, f), rec) in plan.artifacts.iter().zip(&installed).zip(&st.files) {
         if rec.kind != a.kind || rec.source != a.source || rec.path != f.path {
-            return Ok(Some(format!("the recorded {} {} is not what the plan asks for", rec.kind, rec.path)));
+            drift = Some(format!("the recorded {} {} is not what the plan asks for", rec.kind, rec.path));
+            break;
         }
         if a.sha256.as_ref().is_some_and(|s| s != &rec.sha256) {
-            return Ok(Some(format!("the recorded {} does not have the pinned sha256", rec.kind)));
+            drift = Some(format!("the recorded {} does not have the pinned sha256", rec.kind));
+            break;
         }
-        match node::hash_file(&t.addons, &Path::new(&st.version_dir).join(&a.file_name)) {
-            Ok(Some((sha, _))) if sha == rec.sha256 => {}
-            Ok(Some((sha, _))) => {
-                return Ok(Some(format!(
-                    "{} {} was edited (sha256 {sha}, expected {})",
-                    rec.kind, rec.path, rec.sha256
-                )));
+        let rel = Path::new(&st.version_dir).join(&a.file_name);
+        // Taken before hashing: a write during the hash changes ctime, so it is seen next time.
+        let meta = t.addons.symlink_metadata(&rel).ok().filter(|m| m.is_file()).map(|m| FileMeta::of(&m));
+        if let Some(m) = meta
+            && m.size == rec.size
+            && known.get(&rec.path) == Some(&m)
+        {
+            unchanged += 1;
+            facts.insert(rec.path.clone(), m);
+            continue;
+        }
+        hashed += 1;
+        let why = match node::hash_file(&t.addons, &rel) {
+            Ok(Some((sha, _))) if sha == rec.sha256 => {
+                if let Some(m) = meta {
+                    facts.insert(rec.path.clone(), m);
+                }
+                continue;
             }
-            Ok(None) => return Ok(Some(format!("{} {} was missing", rec.kind, rec.path))),
-            Err(e) => return Ok(Some(format!("{} {} is unusable ({e:#})", rec.kind, rec.path))),
+            Ok(Some((sha, _))) => {
+                format!("{} {} was edited (sha256 {sha}, expected {})", rec.kind, rec.path, rec.sha256)
+            }
+            Ok(None) => format!("{} {} was missing", rec.kind, rec.path),
+            Err(e) => format!("{} {} is unusable ({e:#})", rec.kind, rec.path),
+        };
+        drift = Some(why);
+        break;
+    }
+    tracing::debug!(hashed, unchanged, "installed files checked");
+    obs.hashed += hashed;
+    obs.facts = if drift.is_none() { facts } else { FileFacts::new() };
+    Ok(drift)
+}
+
+/// The metadata of the files `st` records, just written and verified by the install.
+fn installed_facts(plan: &Plan, st: &State, t: &Target) -> FileFacts {
+    let mut facts = FileFacts::new();
+    for (a, rec) in plan.artifacts.iter().zip(&st.files) {
+        let rel = Path::new(&st.version_dir).join(&a.file_name);
+        if let Ok(m) = t.addons.symlink_metadata(&rel)
+            && m.is_file()
+        {
+            facts.insert(rec.path.clone(), FileMeta::of(&m));
         }
     }
-    Ok(None)
+    facts
 }
 
 /// Removes obsolete drop-ins and version directories recorded in `st`, then records that

@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
 use super::discovery::{known_config_dirs, open_addons, version_dirs};
+use super::owner::{self, Owner};
 use super::sweep::sweep_leftovers;
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
@@ -39,10 +40,22 @@ impl Uninstalled {
 /// header at its fixed name in the `config.d` of every known runtime configuration (all
 /// providers and layouts under `--kata-prefix`, plus each `--runtime-config`), every
 /// version directory and what killed runs left in the install directory. A drop-in without
-/// the header is never removed (it is reported). A damaged state is refused (exit 1).
-pub fn uninstall(site: &Site, selection: &Selection) -> Result<Uninstalled> {
+/// the header is never removed (it is reported). A damaged state is refused (exit 1), and
+/// so is a root a live daemon owns ([`super::owner`]) unless `force`: it would reinstall.
+pub fn uninstall(site: &Site, selection: &Selection, force: bool) -> Result<Uninstalled> {
     let root = Root::open(&site.root)?;
     let _lock = lock::acquire(&root, site.lock_timeout)?;
+    let live_owner = match owner::owner(&root)? {
+        Owner::Live(rec) if !force => return Err(owner::owned_error(rec.as_ref(), "uninstall")),
+        Owner::Live(rec) => {
+            let who = rec.as_ref().map_or_else(|| "an unidentified daemon".to_string(), |r| r.describe());
+            tracing::warn!(
+                "--force: uninstalling although the kata-addons daemon {who} owns this node root; it will reinstall the addon unless it is stopped"
+            );
+            true
+        }
+        Owner::Free(_) => false,
+    };
     let addons = open_addons(&root)?;
     let st = match &addons {
         Some(a) => state::read(a)?,
@@ -95,10 +108,18 @@ pub fn uninstall(site: &Site, selection: &Selection) -> Result<Uninstalled> {
     if st.is_some() {
         addons.remove_file(state::STATE_FILE).context("removing the state file")?;
     }
+    // A dead owner's record goes with the rest; a live (forced) owner keeps its own.
+    if !live_owner && owner::remove(&addons)? {
+        tracing::info!("removed the record of a daemon that no longer runs");
+    }
     node::fsync_dir(&addons)?;
     for entry in addons.entries().context("listing the install directory")? {
         let entry = entry.context("listing the install directory")?;
         let p = format!("{INSTALL_DIR}/{}", entry.file_name().to_string_lossy());
+        if live_owner && entry.file_name() == owner::OWNER_FILE {
+            tracing::info!(path = %p, "kept: the record of the daemon that owns this node root");
+            continue;
+        }
         tracing::warn!(path = %p, "left alone: not something kata-addons writes");
         out.left_alone.push(p);
     }

@@ -1,0 +1,34 @@
+//! The readiness file (`--ready-file`): present while the daemon is ready, absent while it
+//! is not (before its first action succeeded, or while another daemon with other input
+//! owns the node root). Its first line is `ready`; the lines after it say what the daemon
+//! is waiting for (a retry's next attempt time, a standby's owner), for `status
+//! --ready-file` and for people. Written atomically (temporary name, rename).
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Writes the readiness file: `ready`, then `lines`.
+pub(super) fn write(path: &Path, lines: &[String]) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut text = String::from("ready\n");
+    for l in lines {
+        text.push_str(l);
+        text.push('\n');
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text.as_bytes())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("writing the readiness file {}", path.display()))
+}
+
+/// Removes the readiness file (not ready); a missing one is fine.
+pub(super) fn remove(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing the readiness file {}", path.display())),
+    }
+}

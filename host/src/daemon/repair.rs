@@ -1,0 +1,251 @@
+//! Drift repair (issue 23): each check (periodic `--resync`, a change in a watched
+//! directory) re-verifies the node against the state through the install transaction with
+//! the recorded digest pinned; an installed file whose metadata (size, inode, mtime,
+//! ctime) is what it was when last hashed is not hashed again, and every
+//! `--verify-interval` every file is. A repair that is needed again before any check found
+//! the node intact (something keeps undoing it), and a repair that failed, wait as failed
+//! attempts do ([`super::backoff`]).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::backoff::Backoff;
+use super::{Daemon, parent};
+use crate::configmap::Input;
+use crate::install::{self, FileFacts, Observed, Outcome, Pin};
+use crate::policy::Policy;
+use crate::preview;
+
+/// How deep a check looks at the installed files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Depth {
+    /// Hash only the files whose metadata changed.
+    Metadata,
+    /// Hash every file.
+    Full,
+}
+
+/// What the checks remember between runs.
+pub(super) struct Repairs {
+    /// Installed files known intact and their metadata.
+    pub facts: FileFacts,
+    /// When every file was last hashed.
+    pub last_full: Instant,
+    /// Repairs in a row with no intact check between them.
+    consecutive: u32,
+    /// When the next check may run after a repeated or failed repair.
+    limit: Backoff,
+    /// A check was asked for while `limit` held it back: run it when the wait is over.
+    deferred: bool,
+}
+
+/// What a check did, for the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Checked {
+    /// It ran (the node matches the state again, or the failure was logged).
+    Ran,
+    /// Held back by the rate limit; it runs when the wait is over.
+    Deferred,
+}
+
+impl Repairs {
+    /// Nothing known yet; waits between repairs as `limit` says.
+    pub(super) fn new(limit: Backoff) -> Repairs {
+        Repairs { facts: FileFacts::new(), last_full: Instant::now(), consecutive: 0, limit, deferred: false }
+    }
+
+    /// After an install of new input: the files it verified, no repair history.
+    pub(super) fn installed(&mut self, facts: FileFacts) {
+        self.facts = facts;
+        self.last_full = Instant::now();
+        self.consecutive = 0;
+        self.limit.reset();
+        self.deferred = false;
+    }
+
+    /// Whether a held-back check is due now.
+    pub(super) fn deferred_due(&self, input: &str) -> bool {
+        self.deferred && self.limit.pending(input).is_none()
+    }
+
+    /// The next check time while the rate limit holds checks back, for readiness.
+    pub(super) fn waiting(&self, input: &str) -> Option<super::backoff::Retry> {
+        self.limit.pending(input)
+    }
+}
+
+impl Daemon {
+    /// One check of the node against the state for `input` (digest `digest`), repairing
+    /// drift; never fails the daemon.
+    pub(super) async fn check(
+        &self,
+        policy: &Policy,
+        input: &Input,
+        digest: &str,
+        depth: Depth,
+        why: &str,
+        r: &mut Repairs,
+    ) -> Checked {
+        if let Some(retry) = r.limit.pending(digest) {
+            if !r.deferred {
+                tracing::info!(
+                    trigger = why,
+                    next_check = %httpdate::fmt_http_date(retry.at),
+                    "repairs are rate-limited (the last ones were undone, or failed): the check waits; {}",
+                    retry.describe()
+                );
+            }
+            r.deferred = true;
+            return Checked::Deferred;
+        }
+        r.deferred = false;
+        let full = depth == Depth::Full || r.last_full.elapsed() >= self.o.verify_interval;
+        let mut obs = Observed {
+            facts: if full { FileFacts::new() } else { std::mem::take(&mut r.facts) },
+            ..Default::default()
+        };
+        let result = match preview::plan_for(policy, input, &self.o.selection.kata_prefix) {
+            Ok((_, plan)) => {
+                install::install_observed(
+                    policy,
+                    &plan,
+                    &self.o.pull,
+                    &self.o.site,
+                    &self.o.selection,
+                    Pin::Recorded,
+                    &mut obs,
+                )
+                .await
+            }
+            Err(e) => Err(e.into()),
+        };
+        if full && result.is_ok() {
+            r.last_full = Instant::now();
+        }
+        r.facts = std::mem::take(&mut obs.facts);
+        let repaired = match result {
+            Ok(Outcome::UpToDate(_)) => {
+                tracing::debug!(trigger = why, hashed = obs.hashed, full, "resync: node matches the state");
+                r.consecutive = 0;
+                r.limit.reset();
+                return Checked::Ran;
+            }
+            Ok(Outcome::Repaired(st, what)) => {
+                tracing::info!(trigger = why, version = %st.version, repairs = what.len(), "resync: drift repaired");
+                true
+            }
+            Ok(Outcome::Installed(st)) => {
+                tracing::info!(trigger = why, version = %st.version, digest = %st.manifest_digest, "resync: reinstalled");
+                true
+            }
+            Err(e) => {
+                let retry = r.limit.failed(digest, obs.digest.as_deref());
+                tracing::warn!(
+                    trigger = why,
+                    error = %format!("{e:#}"),
+                    next_check = %httpdate::fmt_http_date(retry.at),
+                    "resync: cannot repair now; {}",
+                    retry.describe()
+                );
+                false
+            }
+        };
+        if repaired {
+            r.consecutive += 1;
+            // The first repair after an intact check is free; one needed again before the
+            // node was seen intact means something undoes it: wait before the next.
+            if r.consecutive >= 2 {
+                let retry = r.limit.failed(digest, obs.digest.as_deref());
+                tracing::warn!(
+                    trigger = why,
+                    repairs_in_a_row = r.consecutive,
+                    next_check = %httpdate::fmt_http_date(retry.at),
+                    "drift came back after a repair: something keeps undoing it; {}",
+                    retry.describe()
+                );
+            }
+        }
+        Checked::Ran
+    }
+
+    /// The resync period with ±10 % jitter, so a fleet does not resync in step.
+    pub(super) fn next_resync(&self) -> Option<Duration> {
+        self.o.resync.map(|r| r.mul_f64(0.9 + 0.2 * fastrand::f64()))
+    }
+
+    /// Host paths of the directories whose changes can mean drift: each candidate runtime
+    /// configuration's directory and `config.d` (or, while missing, its nearest existing
+    /// ancestor, so a recreated `runtimes/<shim>` is noticed), and those of the recorded
+    /// (resolved) runtime configurations.
+    pub(super) fn watch_dirs(&self, policy: &Policy, input: &Input) -> BTreeSet<PathBuf> {
+        let mut node_dirs: Vec<String> = Vec::new();
+        let mut runtime_classes = false;
+        if let Ok((_, plan)) = preview::plan_for(policy, input, &self.o.selection.kata_prefix) {
+            node_dirs.extend(plan.runtime_configs.iter().map(|c| parent(c).to_string()));
+            runtime_classes |= !install::target::plan_runtime_classes(&plan).is_empty();
+        }
+        // The recorded state only: `status` would hash every artifact on each event.
+        if let Ok(Some(st)) = install::recorded_state(&self.o.site) {
+            node_dirs.extend(st.drop_ins.iter().map(|d| parent(&d.runtime_config).to_string()));
+            runtime_classes |= !st.runtime_classes.is_empty();
+        }
+        // RuntimeClass handlers: a change of the CRI configuration can move a handler to
+        // another Kata configuration (drift), so CRI-O's and containerd's files are watched.
+        if runtime_classes {
+            let configs = crate::node::Root::open(&self.o.site.root)
+                .and_then(|r| crate::runtime_class::read_cri_configs(&r))
+                .unwrap_or_default();
+            // Only those that exist (a missing one would watch its parent, `/etc`); the
+            // periodic resync notices a CRI directory created later.
+            let root = &self.o.site.root;
+            node_dirs.extend(
+                crate::runtime_class::watched_dirs(&configs)
+                    .into_iter()
+                    .filter(|d| root.join(d.trim_start_matches('/')).is_dir()),
+            );
+        }
+        let mut out = BTreeSet::new();
+        for d in node_dirs {
+            let mut p = self.o.site.root.join(d.trim_start_matches('/'));
+            if p.is_dir() {
+                let config_d = p.join(crate::runtime::CONFIG_D);
+                if config_d.is_dir() {
+                    out.insert(config_d);
+                }
+                out.insert(p);
+                continue;
+            }
+            while !p.is_dir() && p != self.o.site.root {
+                if !p.pop() {
+                    break;
+                }
+            }
+            out.insert(p);
+        }
+        out
+    }
+
+    /// Installs `input` (a ConfigMap change, or the first action), reporting in `obs`.
+    pub(super) async fn install(&self, policy: &Policy, input: &Input, obs: &mut Observed) -> Result<()> {
+        let (_, plan) = preview::plan_for(policy, input, &self.o.selection.kata_prefix)?;
+        let outcome = install::install_observed(
+            policy,
+            &plan,
+            &self.o.pull,
+            &self.o.site,
+            &self.o.selection,
+            Pin::Reference,
+            obs,
+        )
+        .await?;
+        match outcome {
+            Outcome::UpToDate(st) => tracing::info!(version = %st.version, "up to date"),
+            Outcome::Repaired(st, _) => tracing::info!(version = %st.version, "repaired"),
+            Outcome::Installed(st) => tracing::info!(version = %st.version, digest = %st.manifest_digest, "installed"),
+        }
+        Ok(())
+    }
+}
