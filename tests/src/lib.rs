@@ -39,25 +39,14 @@ pub mod tls;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// Path of the `kata-addons` binary built for this test run.
+/// Path of the runner cargo built for this test run (`CARGO_BIN_EXE_kata-addons-under-test`,
+/// the runner's own `main.rs` as a binary of this package), or `$KATA_ADDONS_BIN` when set
+/// (the benches run a release build). Never whatever happens to sit in `target/debug`.
 pub fn kata_addons_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("KATA_ADDONS_BIN") {
-        return PathBuf::from(p);
-    }
-    // target/debug/deps/<test exe> -> target/debug/kata-addons
-    if let Ok(exe) = std::env::current_exe()
-        && let Some(deps) = exe.parent()
-        && let Some(debug) = deps.parent()
-    {
-        let p = debug.join("kata-addons");
-        if p.exists() {
-            return p;
-        }
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
+    std::env::var_os("KATA_ADDONS_BIN")
+        .or_else(|| std::env::var_os("CARGO_BIN_EXE_kata-addons-under-test"))
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
-    target.join("debug").join("kata-addons")
+        .expect("no runner to test: run the tests through cargo (cargo test, cargo nextest), which builds it, or set KATA_ADDONS_BIN")
 }
 
 /// Runs `kata-addons` with `args` and an environment without the user's auth files.

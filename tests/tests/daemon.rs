@@ -199,8 +199,11 @@ fn periodic_resync_alone_repairs_drift_within_two_periods() {
     assert_eq!(log_lines_with(&d.log(), "drift repaired:").len(), 1, "the drop-in did not drift again");
     assert!(log_lines_with(&d.log(), "directory changed").is_empty(), "{}", d.log());
 
-    // 3. Nothing drifted: the next resyncs repair nothing.
-    std::thread::sleep(Duration::from_secs_f64(RESYNC * 1.1 + 0.5));
+    // 3. Nothing drifted: the next two resyncs (each logs "node matches the state" at
+    // debug level) repair nothing.
+    let matched = |log: &str| log.lines().filter(|l| l.contains("resync: node matches the state")).count();
+    let seen = matched(&d.log());
+    wait_for("two more resyncs", 2 * within, || matched(&d.log()) >= seen + 2, || d.log());
     assert_eq!(log_lines_with(&d.log(), "drift repaired:").len(), 1, "{}", d.log());
     assert_eq!(log_lines_with(&d.log(), "; pulling").len(), 1, "{}", d.log());
     assert_eq!(log_lines_with(&d.log(), "resync:").len(), 2, "one summary per repair: {}", d.log());

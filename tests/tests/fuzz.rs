@@ -13,8 +13,11 @@
 //!
 //! Seeds: by default a fixed base seed per test (the same cases every run, as CI needs);
 //! `KATA_ADDONS_FUZZ_SEED=random` explores new cases. Reproduce a failure: its message
-//! names the case's seed; `KATA_ADDONS_FUZZ_SEED=<seed>` runs that case first. `KATA_ADDONS_FUZZ_SECS=<s>` sets each test's time bound (the
-//! defaults keep the whole file around a minute in a debug build on two busy cores).
+//! names the case's seed; `KATA_ADDONS_FUZZ_SEED=<seed>` runs that case first.
+//! Cases: by default a fixed number per test (the same work every run, whatever the load of
+//! the machine); `KATA_ADDONS_FUZZ_CASES=<n>` sets another number, and
+//! `KATA_ADDONS_FUZZ_SECS=<s>` runs instead as many cases as fit in `s` seconds (at least the
+//! default number), for a longer search.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
@@ -36,16 +39,24 @@ fn splitmix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// One fuzz run: a base seed, a time bound and a case counter.
+/// How many cases a fuzz run takes.
+enum Bound {
+    /// Exactly this many (the default, and `KATA_ADDONS_FUZZ_CASES`).
+    Cases(u64),
+    /// At least this many, then until the time is up (`KATA_ADDONS_FUZZ_SECS`).
+    Time(u64, Duration),
+}
+
+/// One fuzz run: a base seed, how many cases, and when it started.
 struct Run {
     name: &'static str,
     base: u64,
-    bound: Duration,
+    bound: Bound,
     start: Instant,
 }
 
 impl Run {
-    fn new(name: &'static str, default_secs: f64) -> Run {
+    fn new(name: &'static str, default_cases: u64) -> Run {
         let base = match std::env::var("KATA_ADDONS_FUZZ_SEED") {
             // Exploration: a new seed each run (CI uses the fixed default, so that a
             // generator or model gap found by exploration cannot turn CI red at random).
@@ -64,15 +75,24 @@ impl Run {
             // Default: a fixed seed per test, the same cases on every run.
             Err(_) => name.bytes().fold(0x6b61_7461_2d61_6464, |h, b| splitmix(h ^ u64::from(b))),
         };
-        let secs = std::env::var("KATA_ADDONS_FUZZ_SECS")
-            .ok()
-            .map(|s| s.trim().parse::<f64>().expect("KATA_ADDONS_FUZZ_SECS: seconds"))
-            .unwrap_or(default_secs);
-        eprintln!(
-            "fuzz {name}: base seed {base:#x} (KATA_ADDONS_FUZZ_SEED), time bound {secs} s (KATA_ADDONS_FUZZ_SECS)"
-        );
+        let env = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
+        let bound = match (env("KATA_ADDONS_FUZZ_CASES"), env("KATA_ADDONS_FUZZ_SECS")) {
+            (Some(n), _) => Bound::Cases(n.trim().parse().expect("KATA_ADDONS_FUZZ_CASES: a number of cases")),
+            (None, Some(s)) => Bound::Time(
+                default_cases,
+                Duration::from_secs_f64(s.trim().parse::<f64>().expect("KATA_ADDONS_FUZZ_SECS: seconds")),
+            ),
+            (None, None) => Bound::Cases(default_cases),
+        };
+        let what = match &bound {
+            Bound::Cases(n) => format!("{n} cases (KATA_ADDONS_FUZZ_CASES)"),
+            Bound::Time(n, t) => {
+                format!("at least {n} cases, then until {} s (KATA_ADDONS_FUZZ_SECS)", t.as_secs_f64())
+            }
+        };
+        eprintln!("fuzz {name}: base seed {base:#x} (KATA_ADDONS_FUZZ_SEED), {what}");
         watch_panics();
-        Run { name, base, bound: Duration::from_secs_f64(secs), start: Instant::now() }
+        Run { name, base, bound, start: Instant::now() }
     }
 
     /// The seed of case `i`: case 0 is the base seed itself, so a failing case's seed
@@ -81,9 +101,12 @@ impl Run {
         if i == 0 { self.base } else { splitmix(self.base ^ splitmix(i)) }
     }
 
-    /// Whether to run case `i`: at least `min` cases, then until the time bound.
-    fn more(&self, i: u64, min: u64) -> bool {
-        i < min || self.start.elapsed() < self.bound
+    /// Whether to run case `i`.
+    fn more(&self, i: u64) -> bool {
+        match self.bound {
+            Bound::Cases(n) => i < n,
+            Bound::Time(n, t) => i < n || self.start.elapsed() < t,
+        }
     }
 
     /// Runs one case; any failure or panic (here or in a thread) names the seed.
@@ -1293,13 +1316,13 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Thousands of generated layers through the real extraction, in process.
 #[test]
 fn fuzz_layers_in_process() {
-    let run = Run::new("layers_in_process", 40.0);
+    let run = Run::new("layers_in_process", 600);
     let rt = runtime();
     reset_peak_rss();
     let mut stats: HashMap<(Class, bool), u64> = HashMap::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut i = 0;
-    while run.more(i, 300) {
+    while run.more(i) {
         run.case(i, |rng| {
             let s = scenario(rng, 12);
             let dir = scratch();
@@ -1346,14 +1369,14 @@ fn fuzz_layers_in_process() {
 /// valid ones): the exit-code contract, the same verdict as in process, bounded RSS.
 #[test]
 fn fuzz_layers_through_the_binary() {
-    let run = Run::new("layers_through_the_binary", 35.0);
+    let run = Run::new("layers_through_the_binary", 40);
     let rt = runtime();
     let bin = kata_addons_bin();
     let cache = policy_cache();
     let mut i = 0;
     let mut installs = 0;
     let mut worst = (0.0f64, Duration::ZERO);
-    while run.more(i, 24) {
+    while run.more(i) {
         run.case(i, |rng| {
             let s = scenario(rng, 8);
             let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -1857,12 +1880,12 @@ fn same_env_native(policy: &kata_addons::policy::Policy, data: &[kata_addons::po
 /// the policy in process: never an operational error, native and wasm guests agree.
 #[test]
 fn fuzz_configmaps_in_process() {
-    let run = Run::new("configmaps_in_process", 25.0);
+    let run = Run::new("configmaps_in_process", 1000);
     let policy = load_policy();
     reset_peak_rss();
     let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
     let mut i = 0;
-    while run.more(i, 300) {
+    while run.more(i) {
         run.case(i, |rng| {
             let (what, verdict, data) = match rng.u8(0..10) {
                 0..6 => {
@@ -1939,7 +1962,7 @@ fn fuzz_configmaps_in_process() {
 /// same verdict as in process; never a panic or a signal.
 #[test]
 fn fuzz_configmaps_through_preview() {
-    let run = Run::new("configmaps_through_preview", 30.0);
+    let run = Run::new("configmaps_through_preview", 60);
     let policy = load_policy();
     let cache = policy_cache().display().to_string();
     let bin = kata_addons_bin();
@@ -1947,7 +1970,7 @@ fn fuzz_configmaps_through_preview() {
     let root_s = root.path().display().to_string();
     let mut i = 0;
     let mut codes: BTreeMap<i32, u64> = BTreeMap::new();
-    while run.more(i, 40) {
+    while run.more(i) {
         run.case(i, |rng| {
             let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
             let home = tmp.path().join("home");

@@ -433,6 +433,19 @@ impl Daemon {
     fn repairs(&self) -> usize {
         self.log().lines().filter(|l| l.contains("drift repaired") || l.contains("pulling")).count()
     }
+
+    /// Resyncs finished so far (each logs one `resync:` line, "node matches the state" at
+    /// debug level).
+    fn resyncs(&self) -> usize {
+        self.log().lines().filter(|l| l.contains("resync:")).count()
+    }
+
+    /// Waits until two more resyncs finished: the second of them started after this call,
+    /// so it saw every change made before it.
+    fn two_more_resyncs(&self, within: Duration) {
+        let seen = self.resyncs();
+        wait_for("two more resyncs", 2 * within, self, || self.resyncs() >= seen + 2);
+    }
 }
 
 impl Drop for Daemon {
@@ -474,7 +487,9 @@ fn daemon_repairs_drift_and_follows_kata_deploy_upgrade_and_reinstall() {
     for (k, v) in env(&imgs.v1) {
         c.env(k, v);
     }
+    // Debug lines: each resync's "node matches the state", which the test waits for.
     let child = c
+        .env("RUST_LOG", "info,kata_addons=debug")
         .args(["daemon", "--resync", &RESYNC.to_string(), "--root"])
         .arg(node.root())
         .arg("--ready-file")
@@ -514,7 +529,7 @@ fn daemon_repairs_drift_and_follows_kata_deploy_upgrade_and_reinstall() {
     let repairs = d.repairs();
     node.kata_deploy("qemu-tdx");
     node.kata_deploy("qemu-tdx-runtime-rs");
-    std::thread::sleep(within);
+    d.two_more_resyncs(within);
     assert_effective(&node, &go, "v1", true);
     assert_effective(&node, &rs, "v1", true);
     assert_eq!(d.repairs(), repairs, "nothing drifted: {}", d.log());
@@ -522,7 +537,7 @@ fn daemon_repairs_drift_and_follows_kata_deploy_upgrade_and_reinstall() {
     // 4. kata-deploy uninstall removes runtimes/<shim> (our drop-in with it): we do not
     // recreate it...
     node.kata_deploy_remove("qemu-tdx");
-    std::thread::sleep(within);
+    d.two_more_resyncs(within);
     let shim_dir = node.path(&go).parent().expect("parent").to_path_buf();
     assert!(!shim_dir.exists(), "the daemon recreated {}", shim_dir.display());
     assert_effective(&node, &rs, "v1", true);

@@ -315,6 +315,7 @@ fn concurrent_installs_are_serialised() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root to mount a tmpfs")]
 fn full_disk_fails_cleanly() {
     let dir = tempfile::tempdir().expect("tmp");
     let big = noise(3 << 20, 9);
@@ -337,6 +338,7 @@ fn full_disk_fails_cleanly() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root to mount a tmpfs")]
 fn read_only_config_location_is_a_clear_error() {
     let imgs = images();
     let node = Node::new();

@@ -407,9 +407,13 @@ fn certificate_rotation_while_serving() {
     );
     let client2 = Client::new(hook2.addr, &[&ca1.ca_cert, &ca2.ca_cert]);
     plain_copy(plain.path(), "tls.crt", &ca2.server_cert);
-    std::thread::sleep(Duration::from_millis(800));
+    // The reloader saw the half pair and refused it (it logs so), then the old pair is served.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !hook2.logs().contains("not usable (yet)") {
+        assert!(Instant::now() < deadline, "the half pair was not noticed:\n{}", hook2.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(rt.block_on(client2.served_cert()), pem_der(&ca1.server_cert), "half a pair is not served");
-    assert!(hook2.logs().contains("not usable (yet)"), "{}", hook2.logs());
     plain_copy(plain.path(), "tls.key", &ca2.server_key);
     let deadline = Instant::now() + Duration::from_secs(10);
     while rt.block_on(client2.served_cert()) != pem_der(&ca2.server_cert) {

@@ -1,6 +1,6 @@
 //! Load generator for `kata-addons webhook` (run by `bench/webhook`; a bin target, not an
 //! example, so that building it does not pull the dev-dependencies' features into the runner): starts the binary
-//! (`$KATA_ADDONS_BIN`, else the debug build) on 127.0.0.1 with a test CA, then for a valid
+//! (`$KATA_ADDONS_BIN`, which bench/webhook sets to its release build) on 127.0.0.1 with a test CA, then for a valid
 //! and an invalid review and each concurrency level keeps that many HTTPS connections busy
 //! (one request in flight per connection, as many API server requests at once) and prints
 //! requests/s and latency percentiles as a Markdown table.
