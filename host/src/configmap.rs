@@ -18,10 +18,10 @@ pub const MAX_BYTES: u64 = 1 << 20;
 /// Most keys (ConfigMap keys or `ADDON_*` variables) passed to the policy: the contract
 /// knows 9, so this leaves room for typos while bounding the policy's work (a did-you-mean
 /// per unknown key) and its violation list.
-pub const MAX_KEYS: usize = 128;
+pub(crate) const MAX_KEYS: usize = 128;
 
 /// Longest key name (Kubernetes' own limit for ConfigMap keys).
-pub const MAX_KEY_LEN: usize = 253;
+pub(crate) const MAX_KEY_LEN: usize = 253;
 
 /// Refuses a key list over [`MAX_KEYS`] or with a key name over [`MAX_KEY_LEN`].
 pub fn check_counts(origin: &str, data: &[KeyValue]) -> Result<()> {
@@ -39,14 +39,14 @@ pub fn check_counts(origin: &str, data: &[KeyValue]) -> Result<()> {
 }
 
 /// Env vars starting with this prefix are the addon configuration.
-pub const ENV_PREFIX: &str = "ADDON_";
+pub(crate) const ENV_PREFIX: &str = "ADDON_";
 
 /// Env vars with the prefix that belong to the runner itself, not to the policy.
 const RUNNER_ENV: &[&str] = &["ADDON_ACTION"];
 
 /// Where to read the configuration from (`--configmap`, `--configmap-dir`, else the environment).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// A ConfigMap file (YAML or JSON); `-` is standard input.
     File(PathBuf),
     /// A ConfigMap mounted as a directory: one file per key.
@@ -58,7 +58,7 @@ pub enum Source {
 
 impl Source {
     /// Whether the source is a mounted directory (the daemon watches it for changes).
-    pub fn is_dir(&self) -> bool {
+    pub(crate) fn is_dir(&self) -> bool {
         matches!(self, Source::Dir(_))
     }
 }
@@ -79,7 +79,7 @@ pub enum Input {
 
 impl Input {
     /// Reads the configuration from `source`.
-    pub fn load(source: &Source) -> Result<Input> {
+    pub(crate) fn load(source: &Source) -> Result<Input> {
         if let Source::File(file) = source {
             let (origin, text) = if file.as_os_str() == "-" {
                 let mut s = String::new();

@@ -17,15 +17,15 @@ pub struct ConfigError(pub String);
 /// A command-line flag has a value outside what it accepts: exit 64, like clap's own errors.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct UsageError(pub String);
+pub(crate) struct UsageError(pub String);
 
 /// An invalid-configuration error with this message.
-pub fn invalid(msg: impl Into<String>) -> anyhow::Error {
+pub(crate) fn invalid(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(ConfigError(msg.into()))
 }
 
 /// A usage error with this message.
-pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+pub(crate) fn usage(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UsageError(msg.into()))
 }
 

@@ -28,20 +28,26 @@ pub use crate::extract::{FetchedFile, Wanted};
 #[derive(Debug, Clone, Default)]
 pub struct PullOptions {
     /// Registry access (node files, platform, timeout, retries, proxy).
-    pub registry: RegistryOptions,
+    pub(crate) registry: RegistryOptions,
     /// Image trust policy files (policy.json, registries.d) beneath the node root.
     pub trust: TrustOptions,
     /// Extraction limits.
     pub limits: Limits,
 }
 
+impl PullOptions {
+    /// Default registry access with these trust files and extraction limits: the way in for
+    /// in-process callers (the fuzz tests) that read OCI layouts only.
+    pub fn for_layouts(trust: TrustOptions, limits: Limits) -> PullOptions {
+        PullOptions { registry: RegistryOptions::default(), trust, limits }
+    }
+}
+
 /// An image resolved and admitted by the trust policy.
 #[derive(Debug, Clone)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// The platform manifest and its layers.
     pub image: ResolvedImage,
-    /// The trust decision on its digest.
-    pub trust: TrustRecord,
 }
 
 /// What a fetch did.
@@ -58,7 +64,7 @@ pub struct FetchReport {
     /// Number of layers in the image.
     pub layer_count: usize,
     /// The trust decision that admitted the image.
-    pub trust: TrustRecord,
+    pub(crate) trust: TrustRecord,
 }
 
 /// One pull: connections and decisions kept across its steps (see the module comment).
@@ -117,12 +123,12 @@ impl<'a> Pull<'a> {
 
     /// Resolves an image to its platform manifest without reading layers, and checks the
     /// trust policy on it.
-    pub async fn resolve(&self, image: &ImageRef) -> Result<Resolved> {
-        let (image, trust) = self
+    pub(crate) async fn resolve(&self, image: &ImageRef) -> Result<Resolved> {
+        let (image, _admitted) = self
             .over_endpoints(image, |_, r| async move { Ok(r) })
             .await
             .with_context(|| format!("resolving {image}"))?;
-        Ok(Resolved { image, trust })
+        Ok(Resolved { image })
     }
 
     /// Fetches the wanted files of `image` into `dest` (temporary name, fsync, rename; mode

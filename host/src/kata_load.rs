@@ -18,7 +18,7 @@ use crate::runtime::{self, Fragment};
 /// Checks that the runtime configuration `rc_rel` (root-relative, resolved) loads with
 /// `contents` as its drop-in at node path `drop_in`; the error names the fragments that
 /// make it fail and what would fix it.
-pub fn check(root: &Root, rc_rel: &std::path::Path, drop_in: &str, contents: &str) -> Result<()> {
+pub(crate) fn check(root: &Root, rc_rel: &std::path::Path, drop_in: &str, contents: &str) -> Result<()> {
     let rc = node::node_path(rc_rel);
     let ours = match toml::from_str::<toml::Table>(contents) {
         Ok(t) => t,

@@ -3,11 +3,11 @@
 use crate::policy::{InstalledFile, Plan};
 
 /// Placeholder for the manifest digest when it is not known without a pull (`preview`).
-pub const UNKNOWN_DIGEST: &str = "<digest>";
+pub(crate) const UNKNOWN_DIGEST: &str = "<digest>";
 
 /// Directory name of one installed version: `<version>-<first 12 hex of manifest digest>`,
 /// so two different images with the same version label never share a directory.
-pub fn version_dir_name(version: &str, manifest_digest: Option<&str>) -> String {
+pub(crate) fn version_dir_name(version: &str, manifest_digest: Option<&str>) -> String {
     let short = manifest_digest
         .map(|d| d.strip_prefix("sha256:").unwrap_or(d))
         .map(|h| h.get(..12).unwrap_or(h).to_string())
@@ -29,7 +29,7 @@ pub fn installed_files(plan: &Plan, dir: &str) -> Vec<InstalledFile> {
 }
 
 /// The pinned manifest digest of a plan's image, if the reference has one.
-pub fn pinned_digest(plan: &Plan) -> Option<&str> {
+pub(crate) fn pinned_digest(plan: &Plan) -> Option<&str> {
     match &plan.source {
         crate::policy::ImageSource::Registry(r) => r.digest.as_deref(),
         crate::policy::ImageSource::Layout(_) => None,

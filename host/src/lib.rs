@@ -1,28 +1,34 @@
 //! kata-addons: the native runner. It alone performs side effects; every decision about
 //! keys, defaults, validation and TOML is made by the policy guest (`guest/`).
+//!
+//! Items are `pub(crate)` by default. What stays `pub` is the narrow surface that the binary
+//! (`main.rs`: the command line, `run`, logging and exit codes) and the integration tests,
+//! benches and examples use: the pure parts they check against real peers (ConfigMap
+//! parsing, the policy component, references, the dm-verity check, extraction limits). The
+//! modules only the commands reach (install, daemon, state, lock, ...) are private.
 
 pub mod cli;
 pub mod configmap;
-pub mod daemon;
+mod daemon;
 pub mod error;
 pub mod extract;
 pub mod fetch;
-pub mod install;
-pub mod kata_load;
+mod install;
+mod kata_load;
 pub mod layout;
-pub mod lock;
+mod lock;
 pub mod logging;
-pub mod measured;
+mod measured;
 pub mod node;
-pub mod nodefs;
+mod nodefs;
 pub mod policy;
 pub mod preview;
-pub mod progress;
+mod progress;
 pub mod runtime;
 pub mod runtime_class;
-pub mod runtime_facts;
+mod runtime_facts;
 pub mod source;
-pub mod state;
+mod state;
 pub mod trust;
 pub mod verity;
 pub mod webhook;

@@ -11,18 +11,18 @@ use rustix::fs::{FlockOperation, flock};
 use crate::node::Root;
 
 /// Root-relative directory of the lock file (tmpfs on a node: gone after reboot).
-pub const LOCK_DIR: &str = "run";
+pub(crate) const LOCK_DIR: &str = "run";
 /// Lock file name.
-pub const LOCK_FILE: &str = "kata-addons.lock";
+pub(crate) const LOCK_FILE: &str = "kata-addons.lock";
 
 /// A held node lock; released when dropped (or when the process dies).
 #[derive(Debug)]
-pub struct NodeLock {
+pub(crate) struct NodeLock {
     _file: File,
 }
 
 /// Takes the node lock, waiting up to `timeout` for another run to finish.
-pub fn acquire(root: &Root, timeout: Duration) -> Result<NodeLock> {
+pub(crate) fn acquire(root: &Root, timeout: Duration) -> Result<NodeLock> {
     let dir = root.create_dir_all(Path::new(LOCK_DIR))?;
     let mut opts = OpenOptions::new();
     opts.read(true).write(true).create(true).mode(0o600);

@@ -24,7 +24,7 @@ const MAX_VERITY_FILE: u64 = 4096;
 
 /// What the check of one artifact found (nothing for a kernel or initrd).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Checked {
+pub(crate) struct Checked {
     /// Filesystem of the data partition.
     pub filesystem: Option<Filesystem>,
     /// The parameters the file verified against.
@@ -48,7 +48,7 @@ fn params(v: &VerityParams) -> Result<verity::Params> {
 
 /// The files to fetch for `plan`: its artifacts (with the parameters known before the
 /// fetch, so the tree is computed while the file streams in) and their verity files.
-pub fn wanted(plan: &Plan) -> Result<Vec<Wanted>> {
+pub(crate) fn wanted(plan: &Plan) -> Result<Vec<Wanted>> {
     let mut out = Vec::new();
     for a in &plan.artifacts {
         let streaming = match &a.verity {
@@ -91,7 +91,7 @@ fn read_verity_file(dir: &Dir, a: &Artifact, in_image: &str) -> Result<VerityPar
 
 /// Checks every staged image and extension in `dir` (the fetch's `files`), in plan order,
 /// and removes the fetched verity files. A refusal names the in-image file and what differs.
-pub fn check_staged(dir: &Dir, plan: &Plan, files: &[FetchedFile]) -> Result<Vec<Checked>> {
+pub(crate) fn check_staged(dir: &Dir, plan: &Plan, files: &[FetchedFile]) -> Result<Vec<Checked>> {
     let mut out = Vec::new();
     for a in &plan.artifacts {
         let Some(role) = role(a.kind) else {
@@ -138,7 +138,7 @@ fn fs_name(f: Filesystem) -> &'static str {
 }
 
 /// The installed files as `render` takes them, with what their checks found.
-pub fn installed(mut files: Vec<InstalledFile>, checked: &[Checked]) -> Vec<InstalledFile> {
+pub(crate) fn installed(mut files: Vec<InstalledFile>, checked: &[Checked]) -> Vec<InstalledFile> {
     for (f, c) in files.iter_mut().zip(checked) {
         f.filesystem = c.filesystem;
         f.verity = c.verity.clone();
@@ -147,7 +147,7 @@ pub fn installed(mut files: Vec<InstalledFile>, checked: &[Checked]) -> Vec<Inst
 }
 
 /// What the state records of a check.
-pub fn record(c: &Checked) -> (Option<String>, Option<VerityRecord>) {
+pub(crate) fn record(c: &Checked) -> (Option<String>, Option<VerityRecord>) {
     (
         c.filesystem.map(|f| fs_name(f).to_string()),
         c.verity.as_ref().map(|v| VerityRecord {
@@ -162,7 +162,7 @@ pub fn record(c: &Checked) -> (Option<String>, Option<VerityRecord>) {
 
 /// What the state says the checks of the installed files found (a drift repair re-renders
 /// from it without pulling), in the order of `files`.
-pub fn from_records(files: &[FileRecord]) -> Vec<Checked> {
+pub(crate) fn from_records(files: &[FileRecord]) -> Vec<Checked> {
     files
         .iter()
         .map(|f| Checked {
@@ -184,7 +184,7 @@ pub fn from_records(files: &[FileRecord]) -> Vec<Checked> {
 }
 
 /// What `preview` can know without the image: parameters given in the ConfigMap.
-pub fn preview(plan: &Plan) -> Vec<Checked> {
+pub(crate) fn preview(plan: &Plan) -> Vec<Checked> {
     plan.artifacts
         .iter()
         .map(|a| Checked {
@@ -199,7 +199,7 @@ pub fn preview(plan: &Plan) -> Vec<Checked> {
 
 /// The facts `render` takes of one runtime configuration found on the node: its boot keys
 /// and extension images in effect without kata-addons' drop-in ([`crate::runtime_facts`]).
-pub fn runtime_config_facts(
+pub(crate) fn runtime_config_facts(
     root: &crate::node::Root,
     rc: &crate::runtime::RuntimeConfig,
 ) -> Result<crate::policy::RuntimeConfigFacts> {
@@ -228,7 +228,7 @@ pub fn runtime_config_facts(
 }
 
 /// What `preview` cannot show: dm-verity parameters that come from a file in the image.
-pub fn preview_note(plan: &Plan) -> Option<String> {
+pub(crate) fn preview_note(plan: &Plan) -> Option<String> {
     let files: Vec<String> = plan
         .artifacts
         .iter()

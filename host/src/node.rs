@@ -15,7 +15,7 @@ const MAX_HOPS: usize = 40;
 /// Where on the node a command works: the root (`--root`) and how long it waits for the
 /// node lock (`--lock-timeout`).
 #[derive(Debug, Clone)]
-pub struct Site {
+pub(crate) struct Site {
     /// The node's root filesystem (the DaemonSet mounts it at `/host`).
     pub root: PathBuf,
     /// Longest wait for another kata-addons run on this node.
@@ -38,19 +38,19 @@ impl Root {
     }
 
     /// The root as given on the command line.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The root directory handle.
-    pub fn dir(&self) -> &Dir {
+    pub(crate) fn dir(&self) -> &Dir {
         &self.dir
     }
 
     /// Resolves a node path the way the node would (symlinks followed, absolute targets
     /// meaning the node's `/`, `..` clamped at the root) but entirely inside the root.
     /// Returns the resolved path relative to the root; the last component may not exist.
-    pub fn resolve(&self, node_path: &str) -> Result<PathBuf> {
+    pub(crate) fn resolve(&self, node_path: &str) -> Result<PathBuf> {
         let mut pending: Vec<String> = components(node_path).into_iter().rev().collect();
         let mut resolved: Vec<String> = Vec::new();
         let mut hops = 0;
@@ -99,7 +99,7 @@ impl Root {
 
     /// Creates (if needed) and opens a directory at a root-relative path, refusing any
     /// symlink that would lead outside the root.
-    pub fn create_dir_all(&self, rel: &Path) -> Result<Dir> {
+    pub(crate) fn create_dir_all(&self, rel: &Path) -> Result<Dir> {
         let mut b = DirBuilder::new();
         b.recursive(true).mode(0o755);
         match self.dir.create_dir_with(rel, &b) {
@@ -130,30 +130,30 @@ fn components(p: &str) -> Vec<String> {
 }
 
 /// Node path (`/etc/...`) of a root-relative path.
-pub fn node_path(rel: &Path) -> String {
+pub(crate) fn node_path(rel: &Path) -> String {
     format!("/{}", rel.display())
 }
 
 /// Root-relative path of a node path (`/etc/x` -> `etc/x`).
-pub fn rel_path(node_path: &str) -> PathBuf {
+pub(crate) fn rel_path(node_path: &str) -> PathBuf {
     PathBuf::from(node_path.trim_start_matches('/'))
 }
 
 /// Whether an error opening or inspecting a path means "nothing there": `ENOENT`, or
 /// `ENOTDIR` (a component of the path is a file).
-pub fn is_absent(e: &std::io::Error) -> bool {
+pub(crate) fn is_absent(e: &std::io::Error) -> bool {
     e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
 }
 
 /// Flushes a directory's entries to disk (after a rename or create inside it).
-pub fn fsync_dir(dir: &Dir) -> Result<()> {
+pub(crate) fn fsync_dir(dir: &Dir) -> Result<()> {
     // cap-std directory handles are O_PATH; fsync needs a descriptor opened for reading.
     let d = dir.open(".").context("opening a directory for fsync")?;
     d.sync_all().context("fsync of a directory")
 }
 
 /// Fails with a clear error if `dir` lives on a read-only filesystem.
-pub fn ensure_writable(dir: &Dir, what: &str) -> Result<()> {
+pub(crate) fn ensure_writable(dir: &Dir, what: &str) -> Result<()> {
     let st = rustix::fs::fstatvfs(dir).with_context(|| format!("statvfs of {what}"))?;
     if st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
         bail!("{what} is on a read-only filesystem; nothing was changed");
@@ -166,7 +166,7 @@ pub fn ensure_writable(dir: &Dir, what: &str) -> Result<()> {
 #[error(
     "not enough space on {place}: need {need} bytes ({size} bytes for {file} plus a margin of {margin}), have {have} bytes available"
 )]
-pub struct NoSpace {
+pub(crate) struct NoSpace {
     /// The directory written to (node path or as given).
     pub place: String,
     /// The file about to be written.
@@ -183,11 +183,11 @@ pub struct NoSpace {
 
 /// Bytes kept free on the destination filesystem beyond the files written: the state
 /// file, drop-ins and filesystem metadata, and room for the node itself.
-pub const FREE_SPACE_MARGIN: u64 = 16 << 20;
+pub(crate) const FREE_SPACE_MARGIN: u64 = 16 << 20;
 
 /// Fails with [`NoSpace`] unless the filesystem of `dir` has `size` plus
 /// [`FREE_SPACE_MARGIN`] bytes available (to unprivileged users: root's reserve is kept).
-pub fn check_free_space(dir: &Dir, place: &str, file: &str, size: u64) -> Result<()> {
+pub(crate) fn check_free_space(dir: &Dir, place: &str, file: &str, size: u64) -> Result<()> {
     let st = rustix::fs::fstatvfs(dir).with_context(|| format!("statvfs of {place}"))?;
     let have = st.f_bavail.saturating_mul(st.f_frsize);
     let need = size.saturating_add(FREE_SPACE_MARGIN);
@@ -206,7 +206,7 @@ pub fn check_free_space(dir: &Dir, place: &str, file: &str, size: u64) -> Result
 
 /// Writes `data` as a regular 0644 file `name` in `dir` (created or truncated) and
 /// fsyncs it; the caller renames it into place.
-pub fn write_synced(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
+pub(crate) fn write_synced(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
     let mut opts = OpenOptions::new();
     opts.write(true).create(true).truncate(true).mode(0o644);
     let mut f = dir.open_with(name, &opts).with_context(|| format!("creating {name}"))?;
@@ -217,7 +217,7 @@ pub fn write_synced(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
 
 /// Writes `data` as a regular 0644 file `name` in `dir` atomically: temp name, fsync,
 /// rename, fsync of the directory. A crash leaves either the old or the new file.
-pub fn write_atomic(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
     let tmp = format!(".{name}.tmp-{}", std::process::id());
     let result = write_synced(dir, &tmp, data).and_then(|()| {
         dir.rename(&tmp, dir, name).with_context(|| format!("renaming {tmp} to {name}"))?;
@@ -231,7 +231,7 @@ pub fn write_atomic(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
 
 /// sha256 (hex) and size of a regular file, read in chunks; `None` if it is missing.
 /// A symlink or other non-regular entry is an error.
-pub fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>> {
+pub(crate) fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>> {
     use sha2::{Digest, Sha256};
     let meta = match dir.symlink_metadata(name) {
         Ok(m) => m,
@@ -257,7 +257,7 @@ pub fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>> {
 }
 
 /// Removes a file or directory tree if it exists.
-pub fn remove_entry(dir: &Dir, name: &str) -> Result<()> {
+pub(crate) fn remove_entry(dir: &Dir, name: &str) -> Result<()> {
     match dir.symlink_metadata(name) {
         Ok(m) if m.is_dir() => dir.remove_dir_all(name).with_context(|| format!("removing {name}")),
         Ok(_) => dir.remove_file(name).with_context(|| format!("removing {name}")),

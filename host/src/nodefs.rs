@@ -21,11 +21,11 @@ use crate::node::{self, Root};
 
 /// The most bytes read from one configuration file (registries.conf, policy.json, keys,
 /// auth files, certificates, CA bundles: all far smaller).
-pub const MAX_CONFIG_FILE: u64 = 4 << 20;
+pub(crate) const MAX_CONFIG_FILE: u64 = 4 << 20;
 
 /// Where a file is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FilePath {
+pub(crate) enum FilePath {
     /// A node path (absolute, as on the node), read beneath the root.
     Node(String),
     /// A path on the runner's own filesystem, named by a flag or an environment variable.
@@ -34,12 +34,12 @@ pub enum FilePath {
 
 impl FilePath {
     /// A node path (`/etc/...`; a relative one is taken from the node's `/`).
-    pub fn node(p: &str) -> FilePath {
+    pub(crate) fn node(p: &str) -> FilePath {
         FilePath::Node(format!("/{}", p.trim_start_matches('/')))
     }
 
     /// The entry `name` of this directory.
-    pub fn join(&self, name: &str) -> FilePath {
+    pub(crate) fn join(&self, name: &str) -> FilePath {
         match self {
             FilePath::Node(p) => FilePath::Node(format!("{}/{name}", p.trim_end_matches('/'))),
             FilePath::Local(p) => FilePath::Local(p.join(name)),
@@ -58,7 +58,7 @@ impl fmt::Display for FilePath {
 
 /// What a path is, after following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A regular file.
     File,
     /// A directory.
@@ -79,7 +79,7 @@ impl Kind {
 
 /// One directory entry: its name, its path, and what it is (`None`: a dangling link).
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The file name.
     pub name: String,
     /// The entry's path (a node path for a node directory).
@@ -90,19 +90,14 @@ pub struct Entry {
 
 /// The node root, shared by everything that reads node files in one operation.
 #[derive(Debug, Clone)]
-pub struct NodeFs {
+pub(crate) struct NodeFs {
     root: Arc<Root>,
 }
 
 impl NodeFs {
     /// Opens the node root (`/` on the node itself, `/host` in the DaemonSet).
-    pub fn open(root: &Path) -> Result<NodeFs> {
+    pub(crate) fn open(root: &Path) -> Result<NodeFs> {
         Ok(NodeFs { root: Arc::new(Root::open(root)?) })
-    }
-
-    /// The root as given.
-    pub fn root_path(&self) -> &Path {
-        self.root.path()
     }
 
     /// The root-relative path a node path resolves to (symlinks followed inside the root).
@@ -111,7 +106,7 @@ impl NodeFs {
     }
 
     /// What `path` is (`None` when absent).
-    pub fn kind(&self, path: &FilePath) -> Result<Option<Kind>> {
+    pub(crate) fn kind(&self, path: &FilePath) -> Result<Option<Kind>> {
         let meta = match path {
             FilePath::Node(p) => {
                 let rel = self.resolve(p)?;
@@ -127,7 +122,7 @@ impl NodeFs {
     }
 
     /// Reads a regular file of at most `cap` bytes; `None` when it does not exist.
-    pub fn read(&self, path: &FilePath, cap: u64) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn read(&self, path: &FilePath, cap: u64) -> Result<Option<Vec<u8>>> {
         match self.kind(path)? {
             None => return Ok(None),
             Some(Kind::File) => {}
@@ -166,7 +161,7 @@ impl NodeFs {
     }
 
     /// Reads a UTF-8 text file of at most `cap` bytes; `None` when it does not exist.
-    pub fn read_string(&self, path: &FilePath, cap: u64) -> Result<Option<String>> {
+    pub(crate) fn read_string(&self, path: &FilePath, cap: u64) -> Result<Option<String>> {
         match self.read(path, cap)? {
             None => Ok(None),
             Some(b) => String::from_utf8(b).map(Some).with_context(|| format!("{path} is not UTF-8 text")),
@@ -176,7 +171,7 @@ impl NodeFs {
     /// The entries of a directory, sorted by name, each with what it is after following
     /// symlinks the node's way; `None` when the directory does not exist. Names that are
     /// not UTF-8 are skipped (no configuration file name is).
-    pub fn list(&self, dir: &FilePath) -> Result<Option<Vec<Entry>>> {
+    pub(crate) fn list(&self, dir: &FilePath) -> Result<Option<Vec<Entry>>> {
         match self.kind(dir)? {
             None => return Ok(None),
             Some(Kind::Dir) => {}

@@ -16,7 +16,7 @@ use crate::runtime::Selection;
 
 /// `preview` output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// Human-readable summary.
     Text,
     /// One JSON object: `env`, `artifacts`, `dropIns`, `plan`.
@@ -44,12 +44,16 @@ pub struct Preview {
 
 /// Runs the policy on the configuration: ConfigMap -> env (`env`) -> plan (`plan`), for
 /// kata-deploy's default prefix. `ADDON_*` environment input goes straight to `plan`.
-pub fn plan(policy: &Policy, input: &Input) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
+pub(crate) fn plan(policy: &Policy, input: &Input) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
     plan_for(policy, input, kata_addons_facts::DEFAULT_KATA_PREFIX)
 }
 
 /// [`plan`] for kata-deploy's installation prefix `kata_prefix` (`--kata-prefix`).
-pub fn plan_for(policy: &Policy, input: &Input, kata_prefix: &str) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
+pub(crate) fn plan_for(
+    policy: &Policy,
+    input: &Input,
+    kata_prefix: &str,
+) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
     let env = match input {
         Input::ConfigMap { data, .. } => policy.env(data)?,
         // The values `plan` acts on: the policy's own trimming (all-blank = empty, which the
@@ -80,7 +84,12 @@ pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
 
 /// Like [`compute`], for the runtime configurations found under `root` (read only); when
 /// none is usable, for the plan's first candidate, with a note saying so.
-pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, selection: &Selection) -> Result<Preview> {
+pub(crate) fn compute_on(
+    policy: &Policy,
+    input: &Input,
+    root: &std::path::Path,
+    selection: &Selection,
+) -> Result<Preview> {
     let (env, plan) = plan_for(policy, input, &selection.kata_prefix)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = crate::measured::installed(layout::installed_files(&plan, &dir), &crate::measured::preview(&plan));
@@ -112,7 +121,7 @@ pub fn compute_on(policy: &Policy, input: &Input, root: &std::path::Path, select
 }
 
 /// The plan as JSON (camelCase keys).
-pub fn plan_json(plan: &Plan) -> serde_json::Value {
+pub(crate) fn plan_json(plan: &Plan) -> serde_json::Value {
     let source = match &plan.source {
         ImageSource::Registry(r) => json!({
             "type": "registry", "registry": r.registry, "repository": r.repository, "tag": r.tag, "digest": r.digest,
@@ -155,7 +164,7 @@ struct EnvList<'a> {
 }
 
 /// Prints a preview in the chosen format.
-pub fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<()> {
+pub(crate) fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<()> {
     match format {
         Format::Json => {
             let doc = json!({

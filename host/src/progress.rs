@@ -4,7 +4,7 @@
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A bar for one layer blob of `size` bytes.
-pub fn layer(digest: &str, size: u64) -> ProgressBar {
+pub(crate) fn layer(digest: &str, size: u64) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(size), ProgressDrawTarget::stderr());
     let style = ProgressStyle::with_template("{prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}")
         .map(|s| s.progress_chars("=> "))

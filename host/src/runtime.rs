@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use crate::node::{self, Root};
 
 /// Name of the drop-in directory beside a runtime configuration.
-pub use kata_addons_facts::CONFIG_D;
+pub(crate) use kata_addons_facts::CONFIG_D;
 
 /// One runtime configuration found on the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,12 +30,12 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// Root-relative path of the directory holding the resolved file.
-    pub fn dir_rel(&self) -> PathBuf {
+    pub(crate) fn dir_rel(&self) -> PathBuf {
         self.rel.parent().map(Path::to_path_buf).unwrap_or_default()
     }
 
     /// Root-relative path of the `config.d` the runtime reads for this configuration.
-    pub fn config_d_rel(&self) -> PathBuf {
+    pub(crate) fn config_d_rel(&self) -> PathBuf {
         self.dir_rel().join(CONFIG_D)
     }
 }
@@ -84,7 +84,7 @@ fn libc_enotdir() -> i32 {
 
 /// Every candidate that exists on the node as a regular file, in candidate order,
 /// one entry per resolved file. Never fails because nothing was found.
-pub fn existing(root: &Root, candidates: &[String]) -> Result<Vec<RuntimeConfig>> {
+pub(crate) fn existing(root: &Root, candidates: &[String]) -> Result<Vec<RuntimeConfig>> {
     let mut out: Vec<RuntimeConfig> = Vec::new();
     for c in candidates {
         if let Some(rc) = resolve_file(root, c)?
@@ -98,7 +98,7 @@ pub fn existing(root: &Root, candidates: &[String]) -> Result<Vec<RuntimeConfig>
 
 /// The other `configuration*.toml` files that read the same `config.d` as `rc`: entries of
 /// its directory that resolve to a different regular file in that same directory.
-pub fn sharing_config_d(root: &Root, rc: &RuntimeConfig) -> Result<Vec<String>> {
+pub(crate) fn sharing_config_d(root: &Root, rc: &RuntimeConfig) -> Result<Vec<String>> {
     let dir_rel = rc.dir_rel();
     let dir = root
         .dir()
@@ -129,7 +129,7 @@ pub fn sharing_config_d(root: &Root, rc: &RuntimeConfig) -> Result<Vec<String>> 
 /// `--runtime-config`), one per `config.d`. Errors when none is found (listing where it
 /// looked), when a `--runtime-config` is not among them, and when a `config.d` is shared
 /// with other configurations (naming them) unless that is explicitly allowed.
-pub fn discover(root: &Root, candidates: &[String], sel: &Selection) -> Result<Vec<RuntimeConfig>> {
+pub(crate) fn discover(root: &Root, candidates: &[String], sel: &Selection) -> Result<Vec<RuntimeConfig>> {
     let found = existing(root, candidates)?;
     let mut chosen: Vec<RuntimeConfig> = if sel.only.is_empty() {
         found.clone()
@@ -195,7 +195,7 @@ const MAX_FRAGMENT: u64 = 1 << 20;
 
 /// One file Kata reads for a runtime configuration, parsed (or why it does not parse).
 #[derive(Debug, Clone)]
-pub struct Fragment {
+pub(crate) struct Fragment {
     /// Node path of the file.
     pub path: String,
     /// Its TOML table, or the reason Kata would fail to load it.
@@ -204,7 +204,7 @@ pub struct Fragment {
 
 /// What Kata reads for a runtime configuration, in the order it applies it: the resolved
 /// main file, then every entry of `config.d` in byte order of the name, whatever the name.
-pub fn fragments(root: &Root, rc_rel: &Path) -> Result<Vec<Fragment>> {
+pub(crate) fn fragments(root: &Root, rc_rel: &Path) -> Result<Vec<Fragment>> {
     let mut out = vec![read_fragment(root, rc_rel)?];
     let config_d = rc_rel.parent().map(Path::to_path_buf).unwrap_or_default().join(CONFIG_D);
     let dir = match root.dir().open_dir(&config_d) {
@@ -250,7 +250,7 @@ fn read_fragment(root: &Root, rel: &Path) -> Result<Fragment> {
 /// The effective value of one key after Kata merges the fragments (tables merge, later
 /// values win), and the fragment it comes from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Setting {
+pub(crate) struct Setting {
     /// The value (strings as themselves, other values in TOML syntax).
     pub value: String,
     /// Node path of the fragment that set it last.
@@ -258,7 +258,7 @@ pub struct Setting {
 }
 
 /// Looks up a dotted key path through the fragments: the last fragment that sets it wins.
-pub fn effective(fragments: &[Fragment], key: &[&str]) -> Option<Setting> {
+pub(crate) fn effective(fragments: &[Fragment], key: &[&str]) -> Option<Setting> {
     let mut found = None;
     for f in fragments {
         let Ok(table) = &f.table else { continue };
@@ -277,7 +277,7 @@ pub fn effective(fragments: &[Fragment], key: &[&str]) -> Option<Setting> {
 }
 
 /// Every leaf key path (dotted) of a table with its value, in order.
-pub fn leaves(table: &toml::Table) -> Vec<(Vec<String>, toml::Value)> {
+pub(crate) fn leaves(table: &toml::Table) -> Vec<(Vec<String>, toml::Value)> {
     let mut out = Vec::new();
     fn walk(prefix: &mut Vec<String>, t: &toml::Table, out: &mut Vec<(Vec<String>, toml::Value)>) {
         for (k, v) in t {

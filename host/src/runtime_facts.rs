@@ -11,14 +11,14 @@ use crate::node::Root;
 use crate::runtime::{self, Fragment};
 
 /// The string boot keys of the hypervisor table the policy is told about.
-pub const BOOT_KEYS: [&str; 5] = ["kernel", "initrd", "image", "kernel_verity_params", "rootfs_type"];
+pub(crate) const BOOT_KEYS: [&str; 5] = ["kernel", "initrd", "image", "kernel_verity_params", "rootfs_type"];
 
 /// The array of guest extension images in the hypervisor table.
-pub const EXTENSIONS_KEY: &str = "guest_extension_images";
+pub(crate) const EXTENSIONS_KEY: &str = "guest_extension_images";
 
 /// A boot key in effect and the node file that set it last.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct EffectiveKey {
+pub(crate) struct EffectiveKey {
     /// Key name (one of [`BOOT_KEYS`]).
     pub key: String,
     /// Its value (non-strings in TOML syntax).
@@ -29,7 +29,7 @@ pub struct EffectiveKey {
 
 /// One `[[hypervisor.qemu.guest_extension_images]]` entry in effect.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ExtensionImage {
+pub(crate) struct ExtensionImage {
     /// `name`.
     pub name: String,
     /// `path`.
@@ -40,7 +40,7 @@ pub struct ExtensionImage {
 
 /// The facts of one runtime configuration.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct RuntimeConfigFacts {
+pub(crate) struct RuntimeConfigFacts {
     /// Node path of the resolved `configuration*.toml`.
     pub path: String,
     /// Boot keys in effect, in [`BOOT_KEYS`] order (those that are set).
@@ -53,7 +53,7 @@ pub struct RuntimeConfigFacts {
 
 /// The fragments Kata reads for the configuration at root-relative `rel`, without the one
 /// named `drop_in_name` in its `config.d` (kata-addons' own).
-pub fn fragments_without(root: &Root, rel: &Path, drop_in_name: &str) -> Result<Vec<Fragment>> {
+pub(crate) fn fragments_without(root: &Root, rel: &Path, drop_in_name: &str) -> Result<Vec<Fragment>> {
     let mut all = runtime::fragments(root, rel)?;
     let ours = format!("/{}/{drop_in_name}", runtime::CONFIG_D);
     all.retain(|f| !f.path.ends_with(&ours));
@@ -62,7 +62,7 @@ pub fn fragments_without(root: &Root, rel: &Path, drop_in_name: &str) -> Result<
 
 /// The effective `guest_extension_images` of `table` (dotted) in `fragments`: the array
 /// of the last fragment that sets it, and that fragment.
-pub fn extensions(fragments: &[Fragment], table: &[&str]) -> (Vec<ExtensionImage>, Option<String>) {
+pub(crate) fn extensions(fragments: &[Fragment], table: &[&str]) -> (Vec<ExtensionImage>, Option<String>) {
     let mut found: Option<(&toml::Value, &str)> = None;
     for f in fragments {
         let Ok(t) = &f.table else { continue };
@@ -92,13 +92,13 @@ pub fn extensions(fragments: &[Fragment], table: &[&str]) -> (Vec<ExtensionImage
 }
 
 /// The facts of the runtime configuration at root-relative `rel` (node path `path`).
-pub fn read(root: &Root, rel: &Path, path: &str, table: &str, drop_in_name: &str) -> Result<RuntimeConfigFacts> {
+pub(crate) fn read(root: &Root, rel: &Path, path: &str, table: &str, drop_in_name: &str) -> Result<RuntimeConfigFacts> {
     let fragments = fragments_without(root, rel, drop_in_name)?;
     Ok(of_fragments(&fragments, path, table))
 }
 
 /// The facts of already-read fragments.
-pub fn of_fragments(fragments: &[Fragment], path: &str, table: &str) -> RuntimeConfigFacts {
+pub(crate) fn of_fragments(fragments: &[Fragment], path: &str, table: &str) -> RuntimeConfigFacts {
     let dotted: Vec<&str> = table.split('.').collect();
     let keys = BOOT_KEYS
         .iter()
@@ -120,7 +120,12 @@ pub fn of_fragments(fragments: &[Fragment], path: &str, table: &str) -> RuntimeC
 /// `fragments`) re-emits but that are no longer what is in effect without it: one message
 /// per stale entry. The addon's own entries (whose `path` is one of `installed`) are not
 /// re-emitted and are skipped.
-pub fn stale_extensions(fragments: &[Fragment], ours: &str, table: &[&str], installed: &[String]) -> Vec<String> {
+pub(crate) fn stale_extensions(
+    fragments: &[Fragment],
+    ours: &str,
+    table: &[&str],
+    installed: &[String],
+) -> Vec<String> {
     let Some(mine) = fragments.iter().find(|f| f.path == ours) else { return Vec::new() };
     let (in_drop_in, set) = extensions(std::slice::from_ref(mine), table);
     if set.is_none() {

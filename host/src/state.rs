@@ -8,13 +8,13 @@ use serde::{Deserialize, Serialize};
 use crate::node;
 use crate::policy::{ArtifactKind, Provider};
 
-pub mod validate;
+pub(crate) mod validate;
 
 /// File name of the state record inside the install directory.
-pub use kata_addons_facts::STATE_FILE;
+pub(crate) use kata_addons_facts::STATE_FILE;
 
 /// Current schema version of [`State`].
-pub const SCHEMA: u32 = 2;
+pub(crate) const SCHEMA: u32 = 2;
 
 /// The schema before multi-layout support (one `dropIn`); still read and migrated.
 const SCHEMA_V1: u32 = 1;
@@ -22,7 +22,7 @@ const SCHEMA_V1: u32 = 1;
 /// One installed file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct FileRecord {
+pub(crate) struct FileRecord {
     /// `kernel`, `initrd` or `image`.
     pub kind: ArtifactKind,
     /// Path inside the image it came from.
@@ -45,7 +45,7 @@ pub struct FileRecord {
 /// partition 1 gave `root_hash` and equalled the hash area on partition 2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct VerityRecord {
+pub(crate) struct VerityRecord {
     /// Root hash (64 hex).
     pub root_hash: String,
     /// Salt (hex).
@@ -61,7 +61,7 @@ pub struct VerityRecord {
 /// One installed drop-in: one per runtime configuration the addon was installed for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DropInRecord {
+pub(crate) struct DropInRecord {
     /// Node path of the resolved `configuration*.toml` the drop-in belongs to.
     pub runtime_config: String,
     /// Node path (inside the resolved runtime config directory's `config.d`).
@@ -77,7 +77,7 @@ pub struct DropInRecord {
 /// What is installed on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct State {
+pub(crate) struct State {
     /// Schema version ([`SCHEMA`]).
     pub schema: u32,
     /// Image reference as configured.
@@ -113,7 +113,7 @@ pub struct State {
 /// What the image trust policy decided about an installed image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub enum TrustDecision {
+pub(crate) enum TrustDecision {
     /// The policy accepted the image.
     Accepted,
     /// No policy file on the node: signatures were not checked.
@@ -132,7 +132,7 @@ impl std::fmt::Display for TrustDecision {
 /// The trust decision recorded in the state, `status` and the logs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TrustRecord {
+pub(crate) struct TrustRecord {
     /// What the policy decided.
     pub decision: TrustDecision,
     /// The policy file that decided.
@@ -151,7 +151,7 @@ pub struct TrustRecord {
 
 impl TrustRecord {
     /// One line for `status` and logs.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let mut s = format!("{} by {} ({}: {})", self.decision, self.policy_file, self.scope, self.requirement);
         if let Some(i) = &self.identity {
             s.push_str(&format!(", identity {i}"));
@@ -164,7 +164,7 @@ impl TrustRecord {
 }
 
 /// Reads the state from the install directory; `None` when nothing is installed.
-pub fn read(dir: &Dir) -> Result<Option<State>> {
+pub(crate) fn read(dir: &Dir) -> Result<Option<State>> {
     let Some(text) = validate::read_capped(dir, STATE_FILE)? else { return Ok(None) };
     let state = parse(&text)?;
     state.validate()?;
@@ -172,7 +172,7 @@ pub fn read(dir: &Dir) -> Result<Option<State>> {
 }
 
 /// Parses a state record, migrating schema 1 (one `dropIn`) to the current schema.
-pub fn parse(text: &str) -> Result<State> {
+pub(crate) fn parse(text: &str) -> Result<State> {
     let corrupt = || {
         format!(
             "the state file /etc/kata-containers/addons/state.json is corrupt; nothing was changed ({})",
@@ -251,7 +251,7 @@ impl StateV1 {
 impl State {
     /// Checks every path field against the layout contract (see [`validate`]); the error
     /// names the first field that fails. Nothing may act on a state that fails.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         use validate::{check_drop_in_path, check_file_path, check_runtime_config, check_version_dir};
         check_version_dir("versionDir", &self.version_dir)?;
         for (i, d) in self.previous_dirs.iter().enumerate() {
@@ -272,7 +272,7 @@ impl State {
 }
 
 /// Writes the state atomically.
-pub fn write(dir: &Dir, state: &State) -> Result<()> {
+pub(crate) fn write(dir: &Dir, state: &State) -> Result<()> {
     let mut text = serde_json::to_string_pretty(state).context("serialising the state")?;
     text.push('\n');
     node::write_atomic(dir, STATE_FILE, text.as_bytes()).context("writing the state file")

@@ -1192,11 +1192,8 @@ fn fetch_in_process(rt: &tokio::runtime::Runtime, dir: &Path, s: &Scenario) -> R
     std::fs::create_dir_all(&dest).map_err(|e| e.to_string())?;
     let dest_dir =
         cap_std::fs::Dir::open_ambient_dir(&dest, cap_std::ambient_authority()).map_err(|e| e.to_string())?;
-    let opts = PullOptions {
-        limits: s.limits.clone(),
-        trust: kata_addons::trust::TrustOptions { root, ..Default::default() },
-        ..Default::default()
-    };
+    let opts =
+        PullOptions::for_layouts(kata_addons::trust::TrustOptions { root, ..Default::default() }, s.limits.clone());
     let image = kata_addons::source::ImageRef::Layout { path: layout, tag: Some("v1".into()) };
     let wanted: Vec<Wanted> = s
         .wanted

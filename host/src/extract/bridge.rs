@@ -89,7 +89,6 @@ pub async fn read_layer(
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
     let job = LayerJob {
         number,
-        digest: desc.digest.clone(),
         compression,
         upper,
         mode,

@@ -39,8 +39,6 @@ pub enum Mode {
 pub struct LayerJob {
     /// Layer number, 0 = top.
     pub number: usize,
-    /// Layer digest (for messages).
-    pub digest: String,
     /// Compression of the blob.
     pub compression: Compression,
     /// Indexes of the layers above, top first.
@@ -322,7 +320,6 @@ mod tests {
         let temps = TempFiles::new(dir, "the test directory");
         let job = LayerJob {
             number: 0,
-            digest: "sha256:test".into(),
             compression: Compression::None,
             upper: Vec::new(),
             mode: Mode::Discover(vec!["boot/vmlinuz".into()]),

@@ -4,20 +4,21 @@
 //! blocking walker, digest verified), [`decode`] (compression, decompression-bomb cap),
 //! [`layer`] (the walker), [`tarstream`] (the tar reader), [`tempfiles`] and [`limits`].
 
-pub mod artifact;
-pub mod bridge;
-pub mod decode;
-pub mod image;
-pub mod layer;
-pub mod layers;
-pub mod limits;
-pub mod raw;
-pub mod tarstream;
-pub mod tempfiles;
+pub(crate) mod artifact;
+pub(crate) mod bridge;
+pub(crate) mod decode;
+pub(crate) mod image;
+pub(crate) mod layer;
+pub(crate) mod layers;
+pub(crate) mod limits;
+pub(crate) mod raw;
+pub(crate) mod tarstream;
+pub(crate) mod tempfiles;
 
-pub use image::{FetchedFile, Wanted, check_dest_name};
+pub(crate) use image::check_dest_name;
+pub use image::{FetchedFile, Wanted};
 pub use limits::Limits;
-pub use tempfiles::TempFiles;
+pub(crate) use tempfiles::TempFiles;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::Bound;

@@ -15,6 +15,6 @@ pub mod transaction;
 pub mod uninstall;
 
 pub use facts::{FileFacts, Observed};
-pub use status::{Effective, Status, recorded_state, status};
-pub use transaction::{Outcome, Pin, image_ref, install, install_observed};
+pub use status::{Status, recorded_state, status};
+pub use transaction::{Outcome, Pin, install, install_observed};
 pub use uninstall::{Uninstalled, uninstall};

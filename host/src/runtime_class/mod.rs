@@ -24,7 +24,7 @@ pub use tee::Tee;
 
 /// What a container runtime's configuration says about one handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Handler {
+pub(crate) struct Handler {
     /// `runtime_type` (CRI-O `vm`/`oci`, containerd `io.containerd.<name>.v2`).
     pub runtime_type: Option<String>,
     /// `runtime_path`: the shim or OCI runtime binary.
@@ -56,7 +56,7 @@ impl Handler {
 
 /// One container runtime's configuration as found on the node.
 #[derive(Debug, Clone, Default)]
-pub struct CriConfig {
+pub(crate) struct CriConfig {
     /// Which runtime and distribution (`CRI-O`, `containerd`, `k3s containerd`, ...).
     pub runtime: String,
     /// Node paths of every file read, in the order the runtime reads them.
@@ -71,7 +71,7 @@ pub struct CriConfig {
 
 /// Every container runtime configuration present on the node (CRI-O, then each
 /// distribution's containerd).
-pub fn read_cri_configs(root: &Root) -> Result<Vec<CriConfig>> {
+pub(crate) fn read_cri_configs(root: &Root) -> Result<Vec<CriConfig>> {
     let files = files::Files::open(root)?;
     let mut out = Vec::new();
     if let Some(c) = crio::read(&files)? {
@@ -83,7 +83,7 @@ pub fn read_cri_configs(root: &Root) -> Result<Vec<CriConfig>> {
 
 /// Node directories whose changes can change what a handler resolves to: every directory
 /// of a CRI file read, and the places the runtimes look for their configuration.
-pub fn watched_dirs(configs: &[CriConfig]) -> Vec<String> {
+pub(crate) fn watched_dirs(configs: &[CriConfig]) -> Vec<String> {
     let mut dirs: Vec<String> = crio::DIRS.iter().chain(containerd::DIRS).map(|d| d.to_string()).collect();
     for c in configs {
         for f in &c.files {
@@ -217,7 +217,7 @@ pub fn resolve(root: &Root, handlers: &[String], tee: Tee) -> Result<Vec<Target>
 }
 
 /// [`resolve`] with the CRI configurations already read.
-pub fn resolve_in(root: &Root, configs: &[CriConfig], handlers: &[String], tee: Tee) -> Result<Vec<Target>> {
+pub(crate) fn resolve_in(root: &Root, configs: &[CriConfig], handlers: &[String], tee: Tee) -> Result<Vec<Target>> {
     let mut targets = Vec::new();
     let mut problems = Vec::new();
     for h in handlers {

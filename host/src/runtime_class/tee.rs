@@ -26,7 +26,7 @@ pub enum Tee {
 
 impl Tee {
     /// The provider name (`se`, `tdx`, `snp`).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Tee::Se => "se",
             Tee::Tdx => "tdx",
@@ -35,7 +35,7 @@ impl Tee {
     }
 
     /// The TEE of a provider.
-    pub fn of(p: crate::policy::Provider) -> Tee {
+    pub(crate) fn of(p: crate::policy::Provider) -> Tee {
         match p {
             crate::policy::Provider::Se => Tee::Se,
             crate::policy::Provider::Tdx => Tee::Tdx,

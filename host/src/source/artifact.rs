@@ -13,16 +13,16 @@ use anyhow::{Result, bail};
 use oci_spec::image::ImageManifest;
 
 /// Annotation naming a layer's file (`org.opencontainers.image.title`).
-pub const TITLE: &str = "org.opencontainers.image.title";
+pub(crate) const TITLE: &str = "org.opencontainers.image.title";
 /// Annotation marking a layer as a gzip tar of a directory to unpack (oras-go `AnnotationUnpack`).
-pub const UNPACK: &str = "io.deis.oras.content.unpack";
+pub(crate) const UNPACK: &str = "io.deis.oras.content.unpack";
 /// Config media types of container images: any other config makes the manifest an artifact.
 const IMAGE_CONFIGS: [&str; 2] =
     ["application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json"];
 
 /// One titled layer of an artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArtifactFile {
+pub(crate) struct ArtifactFile {
     /// The title: a clean relative path, the file (or directory) at `/<title>`.
     pub title: String,
     /// The layer is a gzip tar of the directory `<title>/` ([`UNPACK`]).
@@ -33,7 +33,7 @@ pub struct ArtifactFile {
 
 /// The addressable content of an artifact manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Artifact {
+pub(crate) struct Artifact {
     /// The manifest's `artifactType`, if any.
     pub artifact_type: Option<String>,
     /// The config descriptor's media type.
@@ -46,7 +46,7 @@ pub struct Artifact {
 
 /// Where a wanted path of an artifact is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Located<'a> {
+pub(crate) enum Located<'a> {
     /// The whole blob of this layer is the file.
     Raw(&'a ArtifactFile),
     /// A file inside this layer's unpacked directory (its tar entry path is the wanted path).
@@ -56,7 +56,7 @@ pub enum Located<'a> {
 }
 
 /// Whether a manifest is an artifact: it has `artifactType`, or its config is not an image config.
-pub fn is_artifact(m: &ImageManifest) -> bool {
+pub(crate) fn is_artifact(m: &ImageManifest) -> bool {
     m.artifact_type().is_some() || !IMAGE_CONFIGS.contains(&m.config().media_type().to_string().as_str())
 }
 
@@ -84,7 +84,7 @@ fn overlaps(a: &str, b: &str) -> bool {
 
 /// Reads the titled layers of an artifact manifest. A title that is not one clean relative path, or one that repeats
 /// or contains another title, refuses the whole artifact naming the layer.
-pub fn parse(m: &ImageManifest) -> Result<Artifact> {
+pub(crate) fn parse(m: &ImageManifest) -> Result<Artifact> {
     let mut files: Vec<ArtifactFile> = Vec::new();
     let mut untitled = 0;
     for (i, l) in m.layers().iter().enumerate() {
@@ -125,7 +125,7 @@ pub fn parse(m: &ImageManifest) -> Result<Artifact> {
 
 impl Artifact {
     /// Where the normalised in-artifact path `path` (no leading `/`) is.
-    pub fn locate(&self, path: &str) -> Located<'_> {
+    pub(crate) fn locate(&self, path: &str) -> Located<'_> {
         for f in &self.files {
             if f.title == path {
                 return if f.unpack {
@@ -162,7 +162,7 @@ impl Artifact {
 
 /// Refuses an unpack layer holding an entry outside `<title>/` (oras-go refuses to extract
 /// it); `first_outside` is the first such entry the layer's index holds.
-pub fn check_unpacked(file: &ArtifactFile, digest: &str, first_outside: Option<&str>) -> Result<()> {
+pub(crate) fn check_unpacked(file: &ArtifactFile, digest: &str, first_outside: Option<&str>) -> Result<()> {
     if let Some(p) = first_outside {
         bail!(
             "artifact layer {} ({digest}), the directory {:?}: entry /{p} lies outside {}/ (an unpacked directory \

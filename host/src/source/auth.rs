@@ -23,7 +23,7 @@ use crate::nodefs::{FilePath, MAX_CONFIG_FILE, NodeFs};
 
 /// Username and password for one registry.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Credentials {
+pub(crate) struct Credentials {
     /// User name.
     pub username: String,
     /// Password or token.
@@ -40,7 +40,7 @@ impl std::fmt::Debug for Credentials {
 
 /// The result of a lookup: credentials, and credential helpers that would have been asked.
 #[derive(Debug, Clone, Default)]
-pub struct AuthLookup {
+pub(crate) struct AuthLookup {
     /// Credentials found, if any.
     pub creds: Option<Credentials>,
     /// One line per credential helper configured for this registry (never executed).
@@ -49,7 +49,7 @@ pub struct AuthLookup {
 
 impl AuthLookup {
     /// What a 401 from this registry should add: the helpers configured and what to do.
-    pub fn helper_hint(&self) -> Option<String> {
+    pub(crate) fn helper_hint(&self) -> Option<String> {
         (!self.helpers.is_empty()).then(|| {
             format!(
                 "{}; credential helpers are never executed here: put the credentials in an auth file \
@@ -62,7 +62,7 @@ impl AuthLookup {
 
 /// Where credentials are searched.
 #[derive(Debug, Clone)]
-pub struct AuthSources {
+pub(crate) struct AuthSources {
     /// The node files reader (the node pull secret is a node file).
     pub fs: NodeFs,
     /// The only file read, if set (`--auth-file`).
@@ -120,7 +120,7 @@ fn env_path(var: &str) -> Option<PathBuf> {
 impl AuthSources {
     /// The sources for this process: `flag` (`--auth-file`) alone, else the search list
     /// (`$REGISTRY_AUTH_FILE`, the node pull secret `pull_secret`, the user's files).
-    pub fn new(fs: NodeFs, flag: Option<&Path>, pull_secret: FilePath) -> Self {
+    pub(crate) fn new(fs: NodeFs, flag: Option<&Path>, pull_secret: FilePath) -> Self {
         if let Some(p) = flag {
             return AuthSources {
                 fs,
@@ -155,7 +155,7 @@ impl AuthSources {
     }
 
     /// Finds credentials for `registry/repository` (the endpoint actually contacted).
-    pub fn lookup(&self, registry: &str, repository: &str) -> Result<AuthLookup> {
+    pub(crate) fn lookup(&self, registry: &str, repository: &str) -> Result<AuthLookup> {
         let mut out = AuthLookup::default();
         let use_files = match &self.conf_helpers {
             None => true,

@@ -10,7 +10,7 @@ use super::image::Descriptor;
 use super::{layout, registry};
 
 /// Where the blobs of one resolved image are read from.
-pub enum BlobSource {
+pub(crate) enum BlobSource {
     /// The registry endpoint (mirror or source) the manifest came from.
     Registry(Arc<registry::RegistryClient>),
     /// A local OCI layout directory.
@@ -19,7 +19,7 @@ pub enum BlobSource {
 
 impl BlobSource {
     /// Opens one blob for reading.
-    pub async fn open(&self, desc: &Descriptor) -> Result<BlobReader> {
+    pub(crate) async fn open(&self, desc: &Descriptor) -> Result<BlobReader> {
         Ok(match self {
             BlobSource::Registry(c) => BlobReader::Registry(Box::new(c.open_blob(desc))),
             BlobSource::Layout(root) => BlobReader::Layout(layout::LayoutBlob::open(root, desc).await?),
@@ -28,7 +28,7 @@ impl BlobSource {
 }
 
 /// A blob being read, chunk by chunk.
-pub enum BlobReader {
+pub(crate) enum BlobReader {
     /// From a registry.
     Registry(Box<registry::RegistryBlob>),
     /// From a local layout.
@@ -37,7 +37,7 @@ pub enum BlobReader {
 
 impl BlobReader {
     /// The next chunk, or `None` at the end of the blob.
-    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+    pub(crate) async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
         match self {
             BlobReader::Registry(r) => r.next_chunk().await,
             BlobReader::Layout(l) => l.next_chunk().await,

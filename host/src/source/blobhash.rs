@@ -13,14 +13,14 @@ use sha2::Digest;
 const DEPTH: usize = 8;
 
 /// A SHA-256 running on a blocking thread; feed it with [`BlobHasher::update`].
-pub struct BlobHasher {
+pub(crate) struct BlobHasher {
     tx: tokio::sync::mpsc::Sender<Bytes>,
     thread: tokio::task::JoinHandle<String>,
 }
 
 impl BlobHasher {
     /// Starts the hashing thread (on the runtime's blocking pool).
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(DEPTH);
         let thread = tokio::task::spawn_blocking(move || {
             let mut h = sha2::Sha256::new();
@@ -33,12 +33,12 @@ impl BlobHasher {
     }
 
     /// Queues the next chunk (waits while the thread is `DEPTH` chunks behind).
-    pub async fn update(&self, chunk: Bytes) -> Result<()> {
+    pub(crate) async fn update(&self, chunk: Bytes) -> Result<()> {
         self.tx.send(chunk).await.map_err(|_| anyhow!("the blob hashing thread stopped"))
     }
 
     /// Ends the stream and returns the digest (`sha256:` + hex) of every chunk queued.
-    pub async fn finish(self) -> Result<String> {
+    pub(crate) async fn finish(self) -> Result<String> {
         drop(self.tx);
         self.thread.await.context("the blob hashing thread failed")
     }

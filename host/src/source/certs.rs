@@ -18,7 +18,7 @@ use crate::nodefs::{FilePath, Kind, MAX_CONFIG_FILE, NodeFs};
 
 /// A client certificate and its key, PEM, as one buffer (`reqwest::Identity::from_pem`).
 #[derive(Clone)]
-pub struct ClientIdentity {
+pub(crate) struct ClientIdentity {
     /// The `.cert` file (for messages).
     pub cert_file: PathBuf,
     /// Certificate chain then private key, PEM.
@@ -33,7 +33,7 @@ impl std::fmt::Debug for ClientIdentity {
 
 /// What TLS uses for one host.
 #[derive(Debug, Clone, Default)]
-pub struct HostTls {
+pub(crate) struct HostTls {
     /// Extra CA roots (DER), added to the built-in ones.
     pub roots: Vec<Vec<u8>>,
     /// Client certificate to present, if any.
@@ -44,7 +44,7 @@ pub struct HostTls {
 
 /// Where certificates come from.
 #[derive(Debug, Clone)]
-pub struct CertSources {
+pub(crate) struct CertSources {
     /// The node files reader (node directories are resolved beneath its root).
     pub fs: NodeFs,
     /// Directories with `<host[:port]>/` subdirectories, in priority order.
@@ -56,7 +56,7 @@ pub struct CertSources {
 }
 
 /// Certificates of a PEM file; blocks that do not parse are reported (named) and skipped.
-pub fn parse_pem_lenient(data: &[u8], file: &Path) -> Vec<Vec<u8>> {
+pub(crate) fn parse_pem_lenient(data: &[u8], file: &Path) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for (i, cert) in CertificateDer::pem_slice_iter(data).enumerate() {
         match cert {
@@ -127,7 +127,7 @@ fn setup_dir(fs: &NodeFs, dir: &FilePath, tls: &mut HostTls) -> Result<()> {
 
 impl CertSources {
     /// The TLS material for `host` (`host[:port]`, as in the image reference).
-    pub fn for_host(&self, host: &str) -> Result<HostTls> {
+    pub(crate) fn for_host(&self, host: &str) -> Result<HostTls> {
         let mut tls = HostTls::default();
         if let Some(b) = &self.bundle
             && let Some(data) = self.fs.read(b, MAX_CONFIG_FILE).context("reading the node CA bundle")?

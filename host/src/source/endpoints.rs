@@ -17,7 +17,7 @@ use crate::nodefs::{FilePath, Kind, NodeFs};
 
 /// Which files to read: the node's beneath `root`, unless a flag names others.
 #[derive(Debug, Clone)]
-pub struct NodeFiles {
+pub(crate) struct NodeFiles {
     /// The node's root filesystem (`/`, or `/host` in the DaemonSet).
     pub root: PathBuf,
     /// `--registries-conf FILE` (must exist).
@@ -47,7 +47,7 @@ impl Default for NodeFiles {
 
 /// The loaded configuration for one operation.
 #[derive(Debug, Clone)]
-pub struct NodeConfig {
+pub(crate) struct NodeConfig {
     /// registries.conf and drop-ins, merged.
     pub registries: RegistriesConf,
     /// Certificates.
@@ -60,7 +60,7 @@ pub struct NodeConfig {
 
 /// One place to pull from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     /// Registry host (with port) contacted.
     pub host: String,
     /// Repository on that host.
@@ -78,19 +78,19 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// `host/repository`.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         format!("{}/{}", self.host, self.repository)
     }
 
     /// `mirror host/repo` or `source host/repo`, for messages.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("{} {}", if self.mirror { "mirror" } else { "source" }, self.name())
     }
 }
 
 impl NodeFiles {
     /// Reads registries.conf (+ drop-ins) and prepares certificate and auth sources.
-    pub fn load(&self) -> Result<NodeConfig> {
+    pub(crate) fn load(&self) -> Result<NodeConfig> {
         let fs = NodeFs::open(&self.root)?;
         let (main, required) = match &self.registries_conf {
             Some(p) => (FilePath::Local(p.clone()), true),
@@ -133,7 +133,7 @@ fn node_bundle(fs: &NodeFs) -> Result<Option<FilePath>> {
 impl NodeConfig {
     /// The endpoints to try for `registry/repository`, in order (mirrors, then the source).
     /// A blocked endpoint is listed with `blocked_by` set (it fails without being contacted).
-    pub fn endpoints(&self, registry: &str, repository: &str, by_digest: bool) -> Result<Vec<Endpoint>> {
+    pub(crate) fn endpoints(&self, registry: &str, repository: &str, by_digest: bool) -> Result<Vec<Endpoint>> {
         let (sources, entry) = self.registries.pull_sources(registry, repository, by_digest)?;
         let decided_by = entry.map(|e| e.describe());
         let mut out = Vec::new();
@@ -159,12 +159,12 @@ impl NodeConfig {
     }
 
     /// TLS material for an endpoint's host.
-    pub fn tls_for(&self, ep: &Endpoint) -> Result<HostTls> {
+    pub(crate) fn tls_for(&self, ep: &Endpoint) -> Result<HostTls> {
         self.certs.for_host(&ep.host)
     }
 
     /// Credentials for an endpoint.
-    pub fn auth_for(&self, ep: &Endpoint) -> Result<AuthLookup> {
+    pub(crate) fn auth_for(&self, ep: &Endpoint) -> Result<AuthLookup> {
         self.auth.lookup(&ep.host, &ep.repository).with_context(|| format!("{}: credentials", ep.describe()))
     }
 }

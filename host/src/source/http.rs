@@ -11,7 +11,7 @@ use super::retry::{Failure, classify_body, classify_reqwest, status_failure, tra
 /// Sends `rb`; a transport failure or a transient status is a [`Failure`] (retryable or
 /// not), any other response is returned for the caller to interpret. `what` names the
 /// request in messages.
-pub async fn send(rb: reqwest::RequestBuilder, what: &str) -> Result<reqwest::Response, Failure> {
+pub(crate) async fn send(rb: reqwest::RequestBuilder, what: &str) -> Result<reqwest::Response, Failure> {
     let resp = rb.send().await.map_err(classify_reqwest)?;
     let status = resp.status();
     if transient_status(status) {
@@ -22,7 +22,7 @@ pub async fn send(rb: reqwest::RequestBuilder, what: &str) -> Result<reqwest::Re
 
 /// The body of `resp`, at most `cap` bytes; a larger one (by `Content-Length`, or as it
 /// streams) is refused naming `what`.
-pub async fn read_capped(resp: reqwest::Response, cap: u64, what: &str) -> Result<Vec<u8>, Failure> {
+pub(crate) async fn read_capped(resp: reqwest::Response, cap: u64, what: &str) -> Result<Vec<u8>, Failure> {
     if let Some(len) = resp.content_length()
         && len > cap
     {

@@ -4,14 +4,12 @@ use std::fmt;
 
 use anyhow::{Result, bail};
 
-use super::endpoints;
-
 /// Largest manifest or index accepted (bytes).
-pub const MAX_MANIFEST_SIZE: u64 = 4 * 1024 * 1024;
+pub(crate) const MAX_MANIFEST_SIZE: u64 = 4 * 1024 * 1024;
 
 /// An OS/architecture/variant triple to select from an image index.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Platform {
+pub(crate) struct Platform {
     /// Operating system (`linux`).
     pub os: String,
     /// Architecture in Go naming (`amd64`, `arm64`, `s390x`, `ppc64le`).
@@ -32,7 +30,7 @@ impl fmt::Display for Platform {
 
 impl Platform {
     /// Parses `os/arch[/variant]`.
-    pub fn parse(s: &str) -> Result<Self> {
+    pub(crate) fn parse(s: &str) -> Result<Self> {
         let parts: Vec<&str> = s.split('/').collect();
         let ok = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         match parts.as_slice() {
@@ -47,7 +45,7 @@ impl Platform {
     }
 
     /// The platform this program runs on.
-    pub fn current() -> Self {
+    pub(crate) fn current() -> Self {
         let arch = match std::env::consts::ARCH {
             "x86_64" => "amd64",
             "aarch64" => "arm64",
@@ -63,7 +61,7 @@ impl Platform {
     }
 
     /// Whether an index entry's platform matches this one.
-    pub fn matches(&self, os: &str, arch: &str, variant: Option<&str>) -> bool {
+    pub(crate) fn matches(&self, os: &str, arch: &str, variant: Option<&str>) -> bool {
         if self.os != os || self.arch != arch {
             return false;
         }
@@ -78,7 +76,7 @@ impl Platform {
 
 /// A content descriptor (layer or manifest).
 #[derive(Debug, Clone)]
-pub struct Descriptor {
+pub(crate) struct Descriptor {
     /// Media type.
     pub media_type: String,
     /// Digest (`sha256:…`).
@@ -89,7 +87,7 @@ pub struct Descriptor {
 
 /// An image resolved to one platform manifest.
 #[derive(Debug, Clone)]
-pub struct ResolvedImage {
+pub(crate) struct ResolvedImage {
     /// Digest of the platform manifest (`sha256:…`).
     pub manifest_digest: String,
     /// Digest of the manifest the reference named (the index for a multi-platform image):
@@ -101,6 +99,4 @@ pub struct ResolvedImage {
     pub artifact: Option<super::artifact::Artifact>,
     /// Human-readable name of where the image came from (for messages).
     pub origin: String,
-    /// The registry endpoint (mirror or source) the manifest came from; `None` for a layout.
-    pub endpoint: Option<endpoints::Endpoint>,
 }

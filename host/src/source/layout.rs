@@ -65,7 +65,7 @@ async fn read_verified(root: &Path, d: &Descriptor) -> Result<Vec<u8>> {
 }
 
 /// Resolves a layout reference to a platform manifest.
-pub async fn resolve(root: &Path, tag: Option<&str>, platform: &Platform) -> Result<ResolvedImage> {
+pub(crate) async fn resolve(root: &Path, tag: Option<&str>, platform: &Platform) -> Result<ResolvedImage> {
     let origin = format!("OCI layout {}", root.display());
     let index_path = root.join("index.json");
     let body = read_capped(&index_path, MAX_MANIFEST_SIZE)
@@ -103,14 +103,7 @@ pub async fn resolve(root: &Path, tag: Option<&str>, platform: &Platform) -> Res
         match manifest::parse(&body, Some(&desc.media_type), platform, &origin)? {
             Parsed::Index(d) => desc = d,
             Parsed::Manifest(layers, artifact) => {
-                return Ok(ResolvedImage {
-                    manifest_digest: desc.digest,
-                    top_digest,
-                    layers,
-                    artifact,
-                    origin,
-                    endpoint: None,
-                });
+                return Ok(ResolvedImage { manifest_digest: desc.digest, top_digest, layers, artifact, origin });
             }
         }
     }
@@ -118,20 +111,20 @@ pub async fn resolve(root: &Path, tag: Option<&str>, platform: &Platform) -> Res
 }
 
 /// A layer blob read from a layout directory.
-pub struct LayoutBlob {
+pub(crate) struct LayoutBlob {
     file: tokio::fs::File,
 }
 
 impl LayoutBlob {
     /// Opens the blob for `desc` under the layout `root`.
-    pub async fn open(root: &Path, desc: &Descriptor) -> Result<Self> {
+    pub(crate) async fn open(root: &Path, desc: &Descriptor) -> Result<Self> {
         let path = blob_path(root, &desc.digest)?;
         let file = tokio::fs::File::open(&path).await.with_context(|| format!("open layer blob {}", path.display()))?;
         Ok(LayoutBlob { file })
     }
 
     /// Reads the next chunk.
-    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+    pub(crate) async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
         let mut buf = BytesMut::zeroed(CHUNK);
         let n = self.file.read(&mut buf).await.context("read layer blob")?;
         if n == 0 {

@@ -8,19 +8,19 @@ use super::image::{Descriptor, Platform};
 use super::reference::valid_digest;
 
 /// OCI image manifest media type.
-pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub(crate) const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 /// OCI image index media type.
-pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 /// Docker schema 2 manifest media type.
-pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub(crate) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 /// Docker manifest list media type.
-pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub(crate) const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 /// Media types accepted for manifests, for the `Accept` header.
-pub const ACCEPTED: [&str; 4] = [OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST];
+pub(crate) const ACCEPTED: [&str; 4] = [OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST];
 
 /// A parsed manifest document.
 #[derive(Debug)]
-pub enum Parsed {
+pub(crate) enum Parsed {
     /// An image index / manifest list: the descriptor chosen for the platform.
     Index(Descriptor),
     /// An image manifest: its layers, bottom first, and what they hold when it is an OCI
@@ -45,7 +45,7 @@ fn descriptor(d: &OciDescriptor, what: &str) -> Result<Descriptor> {
 /// index, selects the entry for `platform`.
 ///
 /// `content_type` is the HTTP `Content-Type` (or the descriptor media type), if known.
-pub fn parse(body: &[u8], content_type: Option<&str>, platform: &Platform, origin: &str) -> Result<Parsed> {
+pub(crate) fn parse(body: &[u8], content_type: Option<&str>, platform: &Platform, origin: &str) -> Result<Parsed> {
     let doc: serde_json::Value =
         serde_json::from_slice(body).with_context(|| format!("{origin}: manifest is not valid JSON"))?;
     let schema_version = doc.get("schemaVersion").and_then(|v| v.as_i64());
@@ -108,7 +108,7 @@ pub fn parse(body: &[u8], content_type: Option<&str>, platform: &Platform, origi
 }
 
 /// sha256 of `data` as `sha256:<hex>`.
-pub fn sha256_digest(data: &[u8]) -> String {
+pub(crate) fn sha256_digest(data: &[u8]) -> String {
     use sha2::Digest;
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)))
 }

@@ -3,25 +3,25 @@
 //! Both resolve an [`ImageRef`] to a [`ResolvedImage`] (manifest digest and layer
 //! descriptors) and open layer blobs as a [`BlobReader`], so the extraction code is shared.
 
-pub mod artifact;
-pub mod auth;
-pub mod blob;
-pub mod blobhash;
-pub mod certs;
-pub mod endpoints;
-pub mod http;
-pub mod image;
-pub mod layout;
-pub mod manifest;
-pub mod options;
-pub mod paths;
+pub(crate) mod artifact;
+pub(crate) mod auth;
+pub(crate) mod blob;
+pub(crate) mod blobhash;
+pub(crate) mod certs;
+pub(crate) mod endpoints;
+pub(crate) mod http;
+pub(crate) mod image;
+pub(crate) mod layout;
+pub(crate) mod manifest;
+pub(crate) mod options;
+pub(crate) mod paths;
 pub mod proxy;
-pub mod reference;
-pub mod registries_conf;
-pub mod registry;
-pub mod retry;
-pub mod session;
+pub(crate) mod reference;
+pub(crate) mod registries_conf;
+pub(crate) mod registry;
+pub(crate) mod retry;
+pub(crate) mod session;
 
-pub use image::{Descriptor, MAX_MANIFEST_SIZE, Platform, ResolvedImage};
-pub use options::RegistryOptions;
-pub use reference::{ImageRef, valid_digest};
+pub(crate) use image::{Descriptor, Platform, ResolvedImage};
+pub(crate) use options::RegistryOptions;
+pub use reference::ImageRef;

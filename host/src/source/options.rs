@@ -7,7 +7,7 @@ use super::{endpoints, proxy, retry};
 
 /// How to reach registries: node files, platform, timeout, retries and proxy.
 #[derive(Debug, Clone)]
-pub struct RegistryOptions {
+pub(crate) struct RegistryOptions {
     /// The node files (registries.conf, certs.d, auth) and the flags overriding them.
     pub node: endpoints::NodeFiles,
     /// Platform to select from image indexes.

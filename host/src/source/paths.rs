@@ -1,16 +1,16 @@
 //! Node paths of the registry configuration read by default, relative to `--root`.
 
 /// containers-registries.conf(5).
-pub const REGISTRIES_CONF: &str = "etc/containers/registries.conf";
+pub(crate) const REGISTRIES_CONF: &str = "etc/containers/registries.conf";
 /// containers-registries.conf.d(5).
-pub const REGISTRIES_CONF_D: &str = "etc/containers/registries.conf.d";
+pub(crate) const REGISTRIES_CONF_D: &str = "etc/containers/registries.conf.d";
 /// containers-certs.d(5), searched first.
-pub const CERTS_D: &str = "etc/containers/certs.d";
+pub(crate) const CERTS_D: &str = "etc/containers/certs.d";
 /// Docker's per-host certificates, searched second.
-pub const DOCKER_CERTS_D: &str = "etc/docker/certs.d";
+pub(crate) const DOCKER_CERTS_D: &str = "etc/docker/certs.d";
 /// CA bundle of Fedora/RHEL/CoreOS nodes.
-pub const CA_BUNDLE_RHEL: &str = "etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem";
+pub(crate) const CA_BUNDLE_RHEL: &str = "etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem";
 /// CA bundle of Debian/Ubuntu nodes.
-pub const CA_BUNDLE_DEBIAN: &str = "etc/ssl/certs/ca-certificates.crt";
+pub(crate) const CA_BUNDLE_DEBIAN: &str = "etc/ssl/certs/ca-certificates.crt";
 /// The kubelet's (OpenShift's global) pull secret.
-pub const PULL_SECRET: &str = "var/lib/kubelet/config.json";
+pub(crate) const PULL_SECRET: &str = "var/lib/kubelet/config.json";

@@ -146,7 +146,7 @@ impl Exclusion {
 impl ProxyEnv {
     /// Reads `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` (and their lower-case forms) from the
     /// process environment. A value that is not a usable proxy URL is an error naming it.
-    pub fn from_env() -> Result<ProxyEnv> {
+    pub(crate) fn from_env() -> Result<ProxyEnv> {
         ProxyEnv::from_vars(&|n| std::env::var(n).ok())
     }
 
@@ -168,7 +168,7 @@ impl ProxyEnv {
     }
 
     /// Whether any proxy is configured.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.http.is_some() || self.https.is_some()
     }
 
@@ -193,7 +193,7 @@ impl ProxyEnv {
     }
 
     /// How a request to `url` goes, for logs: `via proxy http://…` or `direct (…)`.
-    pub fn route(&self, url: &Url) -> String {
+    pub(crate) fn route(&self, url: &Url) -> String {
         match self.proxy_for(url) {
             Some(p) => format!("via proxy {}", redact(p)),
             None if !self.is_set() => "direct (no proxy configured)".to_string(),
@@ -203,7 +203,7 @@ impl ProxyEnv {
 
     /// Turns off reqwest's own reading of the environment and routes every request by
     /// [`ProxyEnv::proxy_for`].
-    pub fn apply(&self, b: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
+    pub(crate) fn apply(&self, b: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
         let b = b.no_proxy();
         if !self.is_set() {
             return b;

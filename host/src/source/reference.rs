@@ -13,10 +13,10 @@ use kata_addons_facts::reference::{self, Familiar, LAYOUT_PREFIX, Named, RefErro
 
 use crate::policy::RegistryRef;
 
-pub use kata_addons_facts::reference::{
+pub(crate) use kata_addons_facts::reference::{
     DOCKER_HUB, NAME_TOTAL_LENGTH_MAX, is_registry_host as valid_domain, is_repository as valid_repository,
 };
-pub use kata_addons_facts::{is_sha256_digest as valid_digest, is_tag as valid_tag};
+pub(crate) use kata_addons_facts::{is_sha256_digest as valid_digest, is_tag as valid_tag};
 
 /// A parsed image reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +105,8 @@ impl ImageRef {
     }
 
     /// `registry/repository` (the name registries.conf prefixes and auth keys match).
-    pub fn name(&self) -> Option<String> {
+    #[cfg(test)]
+    pub(crate) fn name(&self) -> Option<String> {
         match self {
             ImageRef::Registry { registry, repository, .. } => Some(format!("{registry}/{repository}")),
             ImageRef::Layout { .. } => None,
@@ -115,7 +116,7 @@ impl ImageRef {
 
 /// Splits a name (`host/path`, no tag or digest) into registry and repository, applying
 /// the Docker Hub defaults (`busybox` = `docker.io/library/busybox`).
-pub fn split_name(name: &str) -> Result<(String, String)> {
+pub(crate) fn split_name(name: &str) -> Result<(String, String)> {
     let n = reference::parse_named(name, Familiar::DockerHub)
         .map_err(|e| anyhow!("invalid image name {name:?}: {}", describe(&e)))?;
     if n.tag.is_some() || n.digest.is_some() {

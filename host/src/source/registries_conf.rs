@@ -17,11 +17,11 @@ use super::reference;
 use crate::nodefs::{FilePath, Kind, MAX_CONFIG_FILE, NodeFs};
 
 /// The `credential-helpers` value that means "the auth files of containers-auth.json(5)".
-pub const AUTH_FILE_HELPER: &str = "containers-auth.json";
+pub(crate) const AUTH_FILE_HELPER: &str = "containers-auth.json";
 
 /// `pull-from-mirror` of a mirror.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PullFromMirror {
+pub(crate) enum PullFromMirror {
     /// Used for tag and digest pulls (the default).
     All,
     /// Used only for pulls by digest.
@@ -32,7 +32,7 @@ pub enum PullFromMirror {
 
 /// One place (`location`) of a registry entry: the source or a mirror.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfEndpoint {
+pub(crate) struct ConfEndpoint {
     /// `host[:port][/path]` that replaces the matched prefix ("" only for wildcard sources).
     pub location: String,
     /// TLS without verification, then plain HTTP.
@@ -43,7 +43,7 @@ pub struct ConfEndpoint {
 
 /// One `[[registry]]` after normalisation (prefix defaults to location).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Registry {
+pub(crate) struct Registry {
     /// Matched against `host/repository`; `*.example.com` matches sub-domains.
     pub prefix: String,
     /// The source endpoint.
@@ -60,14 +60,14 @@ pub struct Registry {
 
 impl Registry {
     /// `FILE: [[registry]] prefix "…"`, for messages.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("{}: [[registry]] prefix {:?}", self.file.display(), self.prefix)
     }
 }
 
 /// One rewritten place to pull from, in the order containers/image tries them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PullSource {
+pub(crate) struct PullSource {
     /// Registry host (with port) to contact.
     pub host: String,
     /// Repository on that host.
@@ -157,13 +157,11 @@ struct ParsedFile {
 
 /// The merged configuration of registries.conf and its drop-ins.
 #[derive(Debug, Default, Clone)]
-pub struct RegistriesConf {
+pub(crate) struct RegistriesConf {
     /// Entries by prefix (the merge key), sorted.
     registries: BTreeMap<String, Registry>,
     /// `credential-helpers` and the file that set it, if any file did.
     credential_helpers: Option<(Vec<String>, PathBuf)>,
-    /// The files read, in order.
-    files: Vec<PathBuf>,
 }
 
 /// `location` (or prefix) as containers/image accepts it: no scheme, no trailing `/`.
@@ -445,7 +443,12 @@ fn matching_prefix(name: &str, prefix: &str) -> Option<usize> {
 impl RegistriesConf {
     /// Reads `main` (missing is fine unless `main_required`) and then every `*.conf` file
     /// directly in `drop_in_dir`, in lexical order, each through the node-file reader.
-    pub fn load(fs: &NodeFs, main: &FilePath, main_required: bool, drop_in_dir: Option<&FilePath>) -> Result<Self> {
+    pub(crate) fn load(
+        fs: &NodeFs,
+        main: &FilePath,
+        main_required: bool,
+        drop_in_dir: Option<&FilePath>,
+    ) -> Result<Self> {
         let mut conf = RegistriesConf::default();
         match fs.read_string(main, MAX_CONFIG_FILE).context("reading the registries configuration")? {
             Some(text) => {
@@ -472,8 +475,9 @@ impl RegistriesConf {
         Ok(conf)
     }
 
-    /// Parses one file's text (tests and single-file use).
-    pub fn parse(text: &str, file: &Path) -> Result<Self> {
+    /// Parses one file's text (the unit tests' way in).
+    #[cfg(test)]
+    pub(crate) fn parse(text: &str, file: &Path) -> Result<Self> {
         let mut conf = RegistriesConf::default();
         let parsed = parse_file(text, file, false)?;
         conf.merge(parsed, file);
@@ -490,21 +494,15 @@ impl RegistriesConf {
         if let Some(h) = parsed.credential_helpers {
             self.credential_helpers = Some((h, file.to_path_buf()));
         }
-        self.files.push(file.to_path_buf());
-    }
-
-    /// The files read, in order (for messages).
-    pub fn files(&self) -> &[PathBuf] {
-        &self.files
     }
 
     /// `credential-helpers` and the file that set it, if set.
-    pub fn credential_helpers(&self) -> Option<(&[String], &Path)> {
+    pub(crate) fn credential_helpers(&self) -> Option<(&[String], &Path)> {
         self.credential_helpers.as_ref().map(|(h, p)| (h.as_slice(), p.as_path()))
     }
 
     /// The entry with the longest prefix matching `name` (`host/repository`), if any.
-    pub fn find(&self, name: &str) -> Option<&Registry> {
+    pub(crate) fn find(&self, name: &str) -> Option<&Registry> {
         let mut best: Option<&Registry> = None;
         for r in self.registries.values() {
             if matching_prefix(name, &r.prefix).is_some() && best.is_none_or(|b| r.prefix.len() > b.prefix.len()) {
@@ -517,7 +515,7 @@ impl RegistriesConf {
     /// Where to pull `registry/repository` from: the usable mirrors in order, then the source,
     /// each with the matched prefix rewritten to its location. `by_digest`: the reference
     /// is pinned by digest. Returns the deciding entry, if one matched.
-    pub fn pull_sources(
+    pub(crate) fn pull_sources(
         &self,
         registry: &str,
         repository: &str,

@@ -31,25 +31,25 @@ struct ManifestResponse {
 }
 
 /// One registry endpoint (source or mirror) with an authenticated session.
-pub struct RegistryClient {
+pub(crate) struct RegistryClient {
     session: Arc<Session>,
     opts: RegistryOptions,
 }
 
 impl RegistryClient {
     /// Name for messages: `host/repository`.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         self.session.name()
     }
 
     /// The endpoint this client talks to (trust checks fetch signatures from it).
-    pub fn endpoint(&self) -> &Endpoint {
+    pub(crate) fn endpoint(&self) -> &Endpoint {
         &self.session.endpoint
     }
 
     /// Connects to `endpoint` with its TLS material and credentials and authenticates
     /// (pull scope); retries of every request made through this client are taken from `budget`.
-    pub async fn connect(
+    pub(crate) async fn connect(
         opts: &RegistryOptions,
         endpoint: &Endpoint,
         tls: &HostTls,
@@ -62,7 +62,7 @@ impl RegistryClient {
 
     /// Fetches a manifest by tag or digest (capped at [`MAX_MANIFEST_SIZE`], digest-checked when
     /// `expect` is given): body, its digest, and the `Content-Type`.
-    pub async fn get_manifest(
+    pub(crate) async fn get_manifest(
         &self,
         reference: &str,
         expect: Option<&str>,
@@ -90,7 +90,7 @@ impl RegistryClient {
     }
 
     /// Resolves a tag or digest to the platform manifest and its layers.
-    pub async fn resolve(&self, tag: Option<&str>, digest: Option<&str>) -> Result<ResolvedImage> {
+    pub(crate) async fn resolve(&self, tag: Option<&str>, digest: Option<&str>) -> Result<ResolvedImage> {
         let origin = format!("registry {}", self.name());
         let first = digest.or(tag).unwrap_or("latest").to_string();
         let (mut body, mut dgst, mut ct) = self.get_manifest(&first, digest).await?;
@@ -99,14 +99,7 @@ impl RegistryClient {
             let what = format!("{origin} ({first})");
             match manifest::parse(&body, ct.as_deref(), &self.opts.platform, &what)? {
                 Parsed::Manifest(layers, artifact) => {
-                    return Ok(ResolvedImage {
-                        manifest_digest: dgst,
-                        top_digest,
-                        layers,
-                        artifact,
-                        origin,
-                        endpoint: Some(self.endpoint().clone()),
-                    });
+                    return Ok(ResolvedImage { manifest_digest: dgst, top_digest, layers, artifact, origin });
                 }
                 Parsed::Index(d) => {
                     if d.size > MAX_MANIFEST_SIZE {
@@ -123,13 +116,13 @@ impl RegistryClient {
     }
 
     /// The HTTP client of this endpoint (its TLS settings), for lookaside signature servers.
-    pub fn http_client(&self) -> &reqwest::Client {
+    pub(crate) fn http_client(&self) -> &reqwest::Client {
         self.session.http()
     }
 
     /// Fetches a manifest by tag when it exists (`None` on HTTP 404), at most `cap` bytes:
     /// sigstore attachments (`sha256-<hex>.sig`).
-    pub async fn optional_manifest(&self, tag: &str, cap: u64) -> Result<Option<Vec<u8>>> {
+    pub(crate) async fn optional_manifest(&self, tag: &str, cap: u64) -> Result<Option<Vec<u8>>> {
         Ok(self.get_manifest_body(tag, cap, true).await?.map(|r| r.body))
     }
 
@@ -159,7 +152,7 @@ impl RegistryClient {
     }
 
     /// Reads a small blob whole (at most `cap` bytes), checking its size and digest.
-    pub async fn read_small_blob(self: &Arc<Self>, desc: &Descriptor, cap: u64) -> Result<Vec<u8>> {
+    pub(crate) async fn read_small_blob(self: &Arc<Self>, desc: &Descriptor, cap: u64) -> Result<Vec<u8>> {
         if desc.size > cap {
             bail!("blob {} is {} bytes, more than the {cap} byte limit", desc.digest, desc.size);
         }
@@ -178,7 +171,7 @@ impl RegistryClient {
     }
 
     /// Opens a layer blob for streaming.
-    pub fn open_blob(self: &Arc<Self>, desc: &Descriptor) -> RegistryBlob {
+    pub(crate) fn open_blob(self: &Arc<Self>, desc: &Descriptor) -> RegistryBlob {
         RegistryBlob {
             url: self.session.url(&format!("blobs/{}", desc.digest)),
             client: self.clone(),
@@ -201,7 +194,7 @@ fn content_range_start(h: Option<&str>) -> Option<u64> {
 
 /// A layer blob streamed from a registry; reconnects with a `Range` request after
 /// transient failures (the caller's hash covers every byte exactly once).
-pub struct RegistryBlob {
+pub(crate) struct RegistryBlob {
     client: Arc<RegistryClient>,
     url: String,
     digest: String,
@@ -264,7 +257,7 @@ impl RegistryBlob {
     }
 
     /// The next chunk of the blob, or `None` at its end.
-    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+    pub(crate) async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
         let timeout = self.client.opts.timeout;
         loop {
             let mut stalled = false;

@@ -12,11 +12,11 @@ use anyhow::{Result, anyhow};
 
 /// Default `--pull-deadline`, seconds: below the MachineConfig unit's `TimeoutStartSec`
 /// (15 min), which also covers podman pulling the runner image.
-pub const DEFAULT_PULL_DEADLINE: u64 = 600;
+pub(crate) const DEFAULT_PULL_DEADLINE: u64 = 600;
 
 /// How transient failures are retried.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     /// Ceiling of the first backoff draw; it doubles with each retry of one request.
     pub base: Duration,
     /// Largest ceiling of one backoff draw.
@@ -45,7 +45,7 @@ impl RetryPolicy {
     /// The wait before retry number `n` (1 = first retry) of one request: a uniform draw in
     /// `[0, min(max_backoff, base·2^(n-1))]` (full jitter), and never less than the server's
     /// `Retry-After` (capped at `max_retry_after`). `unit` is a uniform draw in `[0, 1)`.
-    pub fn delay(&self, n: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
+    pub(crate) fn delay(&self, n: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
         let exp = n.saturating_sub(1).min(30);
         let ceiling = self.base.saturating_mul(1u32 << exp).min(self.max_backoff);
         let jitter = ceiling.mul_f64(unit.clamp(0.0, 1.0));
@@ -58,7 +58,7 @@ impl RetryPolicy {
 
 /// Whether a failed request is worth retrying.
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// Connection error, reset, timeout, HTTP 5xx, 408 or 429; with the server's
     /// `Retry-After`, if it sent one.
     Transient(anyhow::Error, Option<Duration>),
@@ -68,12 +68,12 @@ pub enum Failure {
 
 impl Failure {
     /// A transient failure without `Retry-After`.
-    pub fn transient(e: anyhow::Error) -> Self {
+    pub(crate) fn transient(e: anyhow::Error) -> Self {
         Failure::Transient(e, None)
     }
 
     /// The error inside.
-    pub fn into_inner(self) -> anyhow::Error {
+    pub(crate) fn into_inner(self) -> anyhow::Error {
         match self {
             Failure::Transient(e, _) | Failure::Fatal(e) => e,
         }
@@ -82,7 +82,7 @@ impl Failure {
 
 /// Retry accounting for one pull, shared by all its requests (auth, manifests, blobs).
 #[derive(Debug)]
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     policy: RetryPolicy,
     used: Mutex<(u32, Duration)>,
     /// The pull's deadline (`--pull-deadline`): no wait may end past it.
@@ -91,23 +91,23 @@ pub struct RetryBudget {
 
 impl RetryBudget {
     /// A fresh budget.
-    pub fn new(policy: RetryPolicy) -> Self {
+    pub(crate) fn new(policy: RetryPolicy) -> Self {
         RetryBudget { policy, used: Mutex::new((0, Duration::ZERO)), deadline: None }
     }
 
     /// A fresh budget for a pull that must end by `deadline` (`total` after it began).
-    pub fn with_deadline(policy: RetryPolicy, deadline: tokio::time::Instant, total: Duration) -> Self {
+    pub(crate) fn with_deadline(policy: RetryPolicy, deadline: tokio::time::Instant, total: Duration) -> Self {
         RetryBudget { deadline: Some((deadline, total)), ..Self::new(policy) }
     }
 
     /// Retries taken so far.
-    pub fn retries(&self) -> u32 {
+    pub(crate) fn retries(&self) -> u32 {
         self.used.lock().map(|u| u.0).unwrap_or(0)
     }
 
     /// Takes one retry from the budget: the wait before retry `n` of one request, or the
     /// reason the budget is spent.
-    pub fn take(&self, n: u32, retry_after: Option<Duration>) -> std::result::Result<Duration, String> {
+    pub(crate) fn take(&self, n: u32, retry_after: Option<Duration>) -> std::result::Result<Duration, String> {
         let delay = self.policy.delay(n, retry_after, fastrand::f64());
         let mut used = self.used.lock().map_err(|_| "retry budget lock poisoned".to_string())?;
         let p = &self.policy;
@@ -138,7 +138,7 @@ impl RetryBudget {
 
     /// Logs retry `n` of one request and sleeps; `Err` (with the reason) if the budget is
     /// spent or the request already had `limit` retries.
-    pub async fn wait(
+    pub(crate) async fn wait(
         &self,
         what: &str,
         (n, limit): (u32, u32),
@@ -167,20 +167,20 @@ impl RetryBudget {
 /// endpoint: the pull's shared budget, and the most retries of one request (a mirror gets
 /// [`MIRROR_RETRIES`], then the next endpoint is tried; a source is bounded by the budget).
 #[derive(Debug, Clone)]
-pub struct Retries {
+pub(crate) struct Retries {
     budget: Arc<RetryBudget>,
     limit: u32,
 }
 
 impl Retries {
     /// The retries of an endpoint (`mirror` or source) drawing from `budget`.
-    pub fn new(budget: Arc<RetryBudget>, mirror: bool) -> Self {
+    pub(crate) fn new(budget: Arc<RetryBudget>, mirror: bool) -> Self {
         Retries { budget, limit: if mirror { MIRROR_RETRIES } else { u32::MAX } }
     }
 
     /// Logs retry `n` of one request and sleeps; `Err` (with the reason) when the budget is
     /// spent or the request had its retries.
-    pub async fn wait(
+    pub(crate) async fn wait(
         &self,
         what: &str,
         n: u32,
@@ -192,7 +192,7 @@ impl Retries {
 }
 
 /// Runs `f` with a per-attempt `timeout`, retrying transient failures as `retries` allow.
-pub async fn with_retry<T, F, Fut>(retries: &Retries, timeout: Duration, what: &str, mut f: F) -> Result<T>
+pub(crate) async fn with_retry<T, F, Fut>(retries: &Retries, timeout: Duration, what: &str, mut f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::result::Result<T, Failure>>,
@@ -222,7 +222,7 @@ where
 }
 
 /// Parses a `Retry-After` value: delta-seconds or an HTTP-date (a date in the past is 0).
-pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     let v = v.trim();
     if let Ok(secs) = v.parse::<u64>() {
         return Some(Duration::from_secs(secs));
@@ -232,18 +232,22 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
 }
 
 /// The `Retry-After` of a response, if present and valid.
-pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     parse_retry_after(v, SystemTime::now())
 }
 
 /// Whether an HTTP status is worth retrying: 408, 429 and 5xx.
-pub fn transient_status(status: reqwest::StatusCode) -> bool {
+pub(crate) fn transient_status(status: reqwest::StatusCode) -> bool {
     status.is_server_error() || matches!(status.as_u16(), 408 | 429)
 }
 
 /// Classifies a non-success response status (with its headers, for `Retry-After`).
-pub fn status_failure(status: reqwest::StatusCode, headers: &reqwest::header::HeaderMap, e: anyhow::Error) -> Failure {
+pub(crate) fn status_failure(
+    status: reqwest::StatusCode,
+    headers: &reqwest::header::HeaderMap,
+    e: anyhow::Error,
+) -> Failure {
     if transient_status(status) { Failure::Transient(e, retry_after(headers)) } else { Failure::Fatal(e) }
 }
 
@@ -251,7 +255,7 @@ pub fn status_failure(status: reqwest::StatusCode, headers: &reqwest::header::He
 pub(crate) const TIMED_OUT: &str = "timed out: no response or progress from the registry";
 
 /// A registry timeout after `timeout` without a response or progress.
-pub fn timed_out(timeout: Duration) -> anyhow::Error {
+pub(crate) fn timed_out(timeout: Duration) -> anyhow::Error {
     anyhow!("{TIMED_OUT} for {} s", timeout.as_secs_f64())
 }
 
@@ -274,7 +278,7 @@ fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// Retries of one request to a mirror before the next source is tried.
-pub const MIRROR_RETRIES: u32 = 2;
+pub(crate) const MIRROR_RETRIES: u32 = 2;
 
 const TLS_HINT: &str = "TLS failed (not retried); if this registry serves plain HTTP, name it with \
                         --insecure-registry or `insecure = true` in registries.conf";
@@ -282,17 +286,17 @@ const TLS_HINT: &str = "TLS failed (not retried); if this registry serves plain 
 /// Longest TCP connect plus TLS handshake: a third of `--timeout`, between 1 and 10 s (a
 /// live registry completes both in milliseconds; one that does not is cut well before a
 /// response would be).
-pub fn connect_timeout(timeout: Duration) -> Duration {
+pub(crate) fn connect_timeout(timeout: Duration) -> Duration {
     (timeout / 3).clamp(Duration::from_secs(1), Duration::from_secs(10)).min(timeout)
 }
 
 /// Slowest a response body may arrive, in bytes per second averaged over each `--timeout`
 /// window: a slower one is cut (then resumed once, or the next endpoint tried).
-pub const MIN_RATE: u64 = 1024;
+pub(crate) const MIN_RATE: u64 = 1024;
 
 /// Checks that a body keeps at least [`MIN_RATE`] over each window.
 #[derive(Debug)]
-pub struct RateFloor {
+pub(crate) struct RateFloor {
     window: Duration,
     start: tokio::time::Instant,
     bytes: u64,
@@ -300,12 +304,12 @@ pub struct RateFloor {
 
 impl RateFloor {
     /// Starts measuring now, over windows of `window`.
-    pub fn new(window: Duration) -> Self {
+    pub(crate) fn new(window: Duration) -> Self {
         RateFloor { window, start: tokio::time::Instant::now(), bytes: 0 }
     }
 
     /// Counts `n` more bytes; an error once a whole window passed below the floor.
-    pub fn add(&mut self, n: usize) -> Result<()> {
+    pub(crate) fn add(&mut self, n: usize) -> Result<()> {
         self.bytes += n as u64;
         let elapsed = self.start.elapsed();
         if elapsed >= self.window {
@@ -325,12 +329,12 @@ impl RateFloor {
 
 /// Retries of one blob after it stalled or ran below [`MIN_RATE`] (a resume with `Range`):
 /// a second stall ends it, so a trickling registry costs at most two `--timeout` windows.
-pub const STALL_RETRIES: u32 = 1;
+pub(crate) const STALL_RETRIES: u32 = 1;
 
 /// Classifies a reqwest error from sending a request: a connection that cannot be made
 /// (refused, unreachable, connect or TLS handshake timeout) and TLS failures are not
 /// retried (the next endpoint is tried at once); resets and other I/O errors are transient.
-pub fn classify_reqwest(e: reqwest::Error) -> Failure {
+pub(crate) fn classify_reqwest(e: reqwest::Error) -> Failure {
     if is_tls_failure(&e) {
         return Failure::Fatal(anyhow::Error::new(e).context(TLS_HINT));
     }
@@ -350,30 +354,11 @@ pub fn classify_reqwest(e: reqwest::Error) -> Failure {
 
 /// Classifies a reqwest error while reading a response body: a stall is transient (the
 /// caller resumes or gives up per [`STALL_RETRIES`]); the rest as [`classify_reqwest`].
-pub fn classify_body(e: reqwest::Error) -> Failure {
+pub(crate) fn classify_body(e: reqwest::Error) -> Failure {
     if e.is_timeout() {
         return Failure::transient(anyhow::Error::new(e).context(TIMED_OUT));
     }
     classify_reqwest(e)
-}
-
-/// Classifies an I/O error from a response body stream.
-pub fn classify_io(e: std::io::Error) -> Failure {
-    if let Some(r) = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>())
-        && r.is_timeout()
-    {
-        return Failure::transient(anyhow::Error::new(e).context(TIMED_OUT));
-    }
-    let transient = e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()).is_some()
-        || matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::UnexpectedEof
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::TimedOut
-        );
-    if transient { Failure::transient(anyhow::Error::new(e)) } else { Failure::Fatal(anyhow::Error::new(e)) }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ enum Scheme {
 }
 
 /// An authenticated session with one endpoint.
-pub struct Session {
+pub(crate) struct Session {
     /// The endpoint.
     pub endpoint: Endpoint,
     http: reqwest::Client,
@@ -135,7 +135,7 @@ async fn ping_once(client: &reqwest::Client, base: &str) -> std::result::Result<
 impl Session {
     /// Connects to `endpoint`: finds the scheme, reads the auth challenge and authenticates
     /// (pull scope). `auth` is what the auth files say for this endpoint.
-    pub async fn connect(
+    pub(crate) async fn connect(
         opts: &RegistryOptions,
         endpoint: &Endpoint,
         tls: &HostTls,
@@ -209,7 +209,7 @@ impl Session {
     }
 
     /// `registry host/repo`.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         self.endpoint.name()
     }
 
@@ -222,7 +222,7 @@ impl Session {
     }
 
     /// The message for an HTTP 401: who was refused, and the credential helpers, if any.
-    pub fn unauthorized(&self) -> anyhow::Error {
+    pub(crate) fn unauthorized(&self) -> anyhow::Error {
         let mut m = match &self.auth.creds {
             Some(_) => format!("authentication failed for {} (HTTP 401)", self.who()),
             None => "authentication required and no credentials found (HTTP 401)".to_string(),
@@ -295,7 +295,7 @@ impl Session {
     }
 
     /// Adds the authorisation this session uses to a request.
-    pub fn authorize(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    pub(crate) fn authorize(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.scheme {
             Scheme::None => rb,
             Scheme::Basic => match &self.auth.creds {
@@ -310,7 +310,7 @@ impl Session {
     }
 
     /// Re-runs the token flow (after a 401 on an expired token). Basic/none: nothing to do.
-    pub async fn reauthenticate(&self) -> Result<bool> {
+    pub(crate) async fn reauthenticate(&self) -> Result<bool> {
         if matches!(self.scheme, Scheme::Bearer { .. }) {
             self.authenticate().await?;
             return Ok(true);
@@ -319,22 +319,22 @@ impl Session {
     }
 
     /// `base/v2/<repository>/<rest>`.
-    pub fn url(&self, rest: &str) -> String {
+    pub(crate) fn url(&self, rest: &str) -> String {
         format!("{}/v2/{}/{rest}", self.base, self.endpoint.repository)
     }
 
     /// The retries of requests to this endpoint (built once, at connect).
-    pub fn retries(&self) -> &Retries {
+    pub(crate) fn retries(&self) -> &Retries {
         &self.retries
     }
 
     /// The HTTP client (this endpoint's TLS settings).
-    pub fn http(&self) -> &reqwest::Client {
+    pub(crate) fn http(&self) -> &reqwest::Client {
         &self.http
     }
 
     /// A GET request builder for `url`, authorised.
-    pub fn get(&self, url: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn get(&self, url: &str) -> reqwest::RequestBuilder {
         self.authorize(self.http.get(url))
     }
 }

@@ -20,13 +20,13 @@ use kata_addons_facts::{DROP_IN_NAME, HEADER, INSTALL_DIR};
 use crate::node::{self, Root};
 
 /// Largest state file accepted.
-pub const MAX_STATE_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_STATE_BYTES: u64 = 1 << 20;
 
 /// Longest version directory name accepted (version ≤ 128 + `-` + 12 hex + suffix).
 const MAX_DIR_NAME: usize = 200;
 
 /// What to do about a state file that cannot be used: the same advice for every refusal.
-pub const START_OVER: &str = "inspect and repair it, or remove it and run `kata-addons uninstall` (with the \
+pub(crate) const START_OVER: &str = "inspect and repair it, or remove it and run `kata-addons uninstall` (with the \
     --kata-prefix and --runtime-config install was given, if any): without a state it removes every drop-in \
     carrying kata-addons' header at <runtime config dir>/config.d/50-kata-addons.toml of every known runtime \
     configuration and the version directories under /etc/kata-containers/addons";
@@ -39,7 +39,7 @@ fn refuse(field: &str, value: &str, why: &str) -> anyhow::Error {
 }
 
 /// Reads the state file text, refusing one above [`MAX_STATE_BYTES`]; `None` if absent.
-pub fn read_capped(dir: &Dir, name: &str) -> Result<Option<String>> {
+pub(crate) fn read_capped(dir: &Dir, name: &str) -> Result<Option<String>> {
     let f = match dir.open(name) {
         Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -59,7 +59,7 @@ pub fn read_capped(dir: &Dir, name: &str) -> Result<Option<String>> {
 }
 
 /// A clean absolute node path (the shared grammar: `kata_addons_facts::check_path`).
-pub fn check_node_path(field: &str, p: &str) -> Result<()> {
+pub(crate) fn check_node_path(field: &str, p: &str) -> Result<()> {
     use kata_addons_facts::PathError;
     match kata_addons_facts::check_path(p) {
         Ok(()) => Ok(()),
@@ -72,7 +72,7 @@ pub fn check_node_path(field: &str, p: &str) -> Result<()> {
 }
 
 /// A drop-in path: `<dir>/config.d/50-kata-addons.toml`, `<dir>` not the root.
-pub fn check_drop_in_path(field: &str, p: &str) -> Result<()> {
+pub(crate) fn check_drop_in_path(field: &str, p: &str) -> Result<()> {
     check_node_path(field, p)?;
     let suffix = format!("/config.d/{DROP_IN_NAME}");
     match p.strip_suffix(&suffix) {
@@ -84,7 +84,7 @@ pub fn check_drop_in_path(field: &str, p: &str) -> Result<()> {
 }
 
 /// A runtime configuration path (`<dir>/configuration*.toml`) and its drop-in beside it.
-pub fn check_runtime_config(field: &str, config: &str, drop_in: &str) -> Result<()> {
+pub(crate) fn check_runtime_config(field: &str, config: &str, drop_in: &str) -> Result<()> {
     check_node_path(field, config)?;
     let (dir, name) = config.rsplit_once('/').unwrap_or(("", config));
     if dir.is_empty() || !kata_addons_facts::is_configuration_file_name(name) {
@@ -97,7 +97,7 @@ pub fn check_runtime_config(field: &str, config: &str, drop_in: &str) -> Result<
 }
 
 /// A version directory name: plain, of the version grammar, not the state file.
-pub fn check_version_dir(field: &str, name: &str) -> Result<()> {
+pub(crate) fn check_version_dir(field: &str, name: &str) -> Result<()> {
     let first_ok = name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
     let all_ok = name.bytes().all(kata_addons_facts::is_version_char);
     if !first_ok || !all_ok || name.len() > MAX_DIR_NAME {
@@ -114,7 +114,7 @@ pub fn check_version_dir(field: &str, name: &str) -> Result<()> {
 }
 
 /// An installed file's node path: `<install dir>/<version dir>/<plain name>`.
-pub fn check_file_path(field: &str, p: &str, version_dir: &str) -> Result<()> {
+pub(crate) fn check_file_path(field: &str, p: &str, version_dir: &str) -> Result<()> {
     check_node_path(field, p)?;
     let name = p.strip_prefix(&format!("{INSTALL_DIR}/{version_dir}/")).unwrap_or_default();
     if !kata_addons_facts::is_plain_file_name(name) {
@@ -124,13 +124,13 @@ pub fn check_file_path(field: &str, p: &str, version_dir: &str) -> Result<()> {
 }
 
 /// Whether `text` starts with the header every kata-addons drop-in carries.
-pub fn is_ours(text: &[u8]) -> bool {
+pub(crate) fn is_ours(text: &[u8]) -> bool {
     text.starts_with(HEADER.as_bytes())
 }
 
 /// What [`remove_drop_in`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropInRemoval {
+pub(crate) enum DropInRemoval {
     /// Removed.
     Removed,
     /// Nothing there.
@@ -142,7 +142,7 @@ pub enum DropInRemoval {
 /// Removes the drop-in at node path `p` (already checked with [`check_drop_in_path`]) if it
 /// is a regular file; with `need_header` (no state vouches for it) only if it also carries
 /// kata-addons' header, so a file kata-addons did not write is never deleted.
-pub fn remove_drop_in(root: &Root, p: &str, need_header: bool) -> Result<DropInRemoval> {
+pub(crate) fn remove_drop_in(root: &Root, p: &str, need_header: bool) -> Result<DropInRemoval> {
     let rel = node::rel_path(p);
     let meta = match root.dir().symlink_metadata(&rel) {
         Ok(m) => m,
@@ -174,7 +174,7 @@ pub fn remove_drop_in(root: &Root, p: &str, need_header: bool) -> Result<DropInR
 }
 
 /// Whether the regular file at node path `p` starts with kata-addons' drop-in header.
-pub fn carries_header(root: &Root, p: &str) -> Result<bool> {
+pub(crate) fn carries_header(root: &Root, p: &str) -> Result<bool> {
     let rel = node::rel_path(p);
     let mut head = Vec::new();
     let f = root.dir().open(&rel).map_err(|e| anyhow!(e).context(format!("opening drop-in {p}")))?;

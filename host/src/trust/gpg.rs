@@ -24,7 +24,7 @@ use pgp::types::{KeyDetails, Tag, Timestamp};
 const MAX_PAYLOAD: u64 = 1 << 20;
 
 /// A set of trusted OpenPGP public keys.
-pub struct Keyring {
+pub(crate) struct Keyring {
     keys: Vec<SignedPublicKey>,
 }
 
@@ -153,7 +153,7 @@ fn now() -> u64 {
 impl Keyring {
     /// Parses keys from binary or ASCII-armored data (several keys may be concatenated).
     /// Validity is judged when a signature is verified, not here (a key may expire later).
-    pub fn parse(data: &[u8], what: &str) -> Result<Keyring> {
+    pub(crate) fn parse(data: &[u8], what: &str) -> Result<Keyring> {
         let mut keys = Vec::new();
         let trimmed = data.iter().position(|b| !b.is_ascii_whitespace()).map(|i| &data[i..]).unwrap_or_default();
         if trimmed.starts_with(b"-----BEGIN") {
@@ -177,7 +177,7 @@ impl Keyring {
     }
 
     /// Adds the keys of another keyring.
-    pub fn extend(&mut self, other: Keyring) {
+    pub(crate) fn extend(&mut self, other: Keyring) {
         for k in other.keys {
             self.add(k);
         }
@@ -204,7 +204,7 @@ impl Keyring {
     /// Verifies a signed message; returns its literal data and the primary key fingerprint
     /// (upper-case hex) of the key that made it (the primary key or one of its subkeys),
     /// once that key is valid now as GnuPG judges it.
-    pub fn verify(&self, signature: &[u8]) -> Result<(Vec<u8>, String)> {
+    pub(crate) fn verify(&self, signature: &[u8]) -> Result<(Vec<u8>, String)> {
         let msg = Message::from_bytes(signature).map_err(|e| anyhow!("not an OpenPGP message: {e}"))?;
         let mut msg = msg.decompress().map_err(|e| anyhow!("decompressing the OpenPGP message: {e}"))?;
         if msg.is_compressed() {

@@ -6,13 +6,13 @@
 //! with one warning (containers/image refuses). A policy file named by
 //! `--signature-policy` that is missing is an error.
 
-pub mod gpg;
+pub(crate) mod gpg;
 pub(crate) mod policy_fields;
-pub mod policy_json;
-pub mod reference;
-pub mod registries_d;
-pub mod sigstore;
-pub mod simple_signing;
+pub(crate) mod policy_json;
+pub(crate) mod reference;
+pub(crate) mod registries_d;
+pub(crate) mod sigstore;
+pub(crate) mod simple_signing;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,17 +23,17 @@ use crate::nodefs::{FilePath, MAX_CONFIG_FILE, NodeFs};
 use crate::source::http;
 use crate::source::registry::RegistryClient;
 use crate::source::{Descriptor, ImageRef};
-pub use crate::state::{TrustDecision, TrustRecord};
+pub(crate) use crate::state::{TrustDecision, TrustRecord};
 use policy_json::{KeySource, Policy, Requirement, docker_namespaces, oci_namespaces};
 use reference::{DockerRef, DockerRefExt};
 use registries_d::RegistriesD;
 
 /// Node path of the default policy file.
-pub const DEFAULT_POLICY: &str = "/etc/containers/policy.json";
+pub(crate) const DEFAULT_POLICY: &str = "/etc/containers/policy.json";
 /// Node path of the default registries.d directory.
-pub const DEFAULT_REGISTRIES_D: &str = "/etc/containers/registries.d";
+pub(crate) const DEFAULT_REGISTRIES_D: &str = "/etc/containers/registries.d";
 /// Node path of containers/image's built-in lookaside (for root), used when registries.d names none.
-pub const DEFAULT_LOOKASIDE: &str = "/var/lib/containers/sigstore";
+pub(crate) const DEFAULT_LOOKASIDE: &str = "/var/lib/containers/sigstore";
 /// containers/image reads at most this many lookaside signatures.
 const MAX_LOOKASIDE_SIGNATURES: usize = 128;
 
@@ -56,7 +56,7 @@ impl Default for TrustOptions {
 }
 
 /// Where the image came from, for reading its signatures.
-pub enum Origin<'a> {
+pub(crate) enum Origin<'a> {
     /// A registry endpoint (the mirror or source the manifest was read from).
     Registry(&'a std::sync::Arc<RegistryClient>),
     /// A local OCI layout (no signatures).
@@ -148,19 +148,19 @@ fn names(reqs: &[Requirement]) -> String {
 }
 
 /// What the policy says before any signature is read.
-pub enum Gate {
+pub(crate) enum Gate {
     /// Decided without signatures: accepted (or unchecked, with no policy file).
-    Decided(TrustRecord),
+    Decided,
     /// Signatures must be read: call [`check`] once the manifest digest is known.
     NeedsSignatures,
 }
 
 /// Decides what can be decided without reading signatures: a `reject` refuses at once
 /// and an all-`insecureAcceptAnything` scope accepts. Errors name the file and the entry.
-pub fn gate(opts: &TrustOptions, image: &ImageRef) -> Result<Gate> {
+pub(crate) fn gate(opts: &TrustOptions, image: &ImageRef) -> Result<Gate> {
     let root = open_root(opts)?;
     let Some(loaded) = load_policy(opts, &root)? else {
-        return Ok(Gate::Decided(unchecked()));
+        return Ok(Gate::Decided);
     };
     let subj = subject(image);
     let (scope, reqs) = loaded.policy.requirements_for(subj.transport, &subj.identity, &subj.namespaces);
@@ -185,7 +185,7 @@ pub fn gate(opts: &TrustOptions, image: &ImageRef) -> Result<Gate> {
             requirement = %record.requirement,
             "image trust policy accepts {image} without signatures"
         );
-        return Ok(Gate::Decided(record));
+        return Ok(Gate::Decided);
     }
     Ok(Gate::NeedsSignatures)
 }
@@ -211,11 +211,16 @@ struct Signatures {
 /// mirror is not tried, as in containers/image.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct Refused(pub String);
+pub(crate) struct Refused(pub String);
 
 /// Evaluates the policy for `image` whose top-level manifest has `digest`, read from
 /// `origin`. `Ok` means every requirement of the deciding scope holds; errors are [`Refused`].
-pub async fn check(opts: &TrustOptions, image: &ImageRef, digest: &str, origin: Origin<'_>) -> Result<TrustRecord> {
+pub(crate) async fn check(
+    opts: &TrustOptions,
+    image: &ImageRef,
+    digest: &str,
+    origin: Origin<'_>,
+) -> Result<TrustRecord> {
     check_inner(opts, image, digest, origin).await.map_err(|e| anyhow::Error::new(Refused(format!("{e:#}"))))
 }
 

@@ -17,7 +17,7 @@ use crate::source::reference::{valid_digest, valid_domain, valid_repository};
 /// A JSON value whose objects keep their keys in order and refuse duplicates
 /// (containers/image refuses duplicate keys in policy.json).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Json {
+pub(crate) enum Json {
     /// `null`.
     Null,
     /// `true` / `false`.
@@ -85,12 +85,12 @@ impl<'de> serde::Deserialize<'de> for Json {
 
 impl Json {
     /// Parses text strictly (duplicate keys refused).
-    pub fn parse(text: &[u8]) -> Result<Json> {
+    pub(crate) fn parse(text: &[u8]) -> Result<Json> {
         serde_json::from_slice(text).map_err(|e| anyhow!("{e}"))
     }
 
     /// The JSON type, for messages (`a number`).
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Json::Null => "null",
             Json::Bool(_) => "a boolean",
@@ -102,7 +102,7 @@ impl Json {
     }
 
     /// The object's entries, or an error naming `what`.
-    pub fn object(&self, what: &str) -> Result<&[(String, Json)]> {
+    pub(crate) fn object(&self, what: &str) -> Result<&[(String, Json)]> {
         match self {
             Json::Object(o) => Ok(o),
             other => bail!("{what}: expected an object, found {}", other.kind()),
@@ -110,7 +110,7 @@ impl Json {
     }
 
     /// The string, or an error naming `what`.
-    pub fn string(&self, what: &str) -> Result<&str> {
+    pub(crate) fn string(&self, what: &str) -> Result<&str> {
         match self {
             Json::String(s) => Ok(s),
             other => bail!("{what}: expected a string, found {}", other.kind()),
@@ -118,7 +118,7 @@ impl Json {
     }
 
     /// Looks a key up in an object (`None` for other values).
-    pub fn get(&self, key: &str) -> Option<&Json> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Json> {
         match self {
             Json::Object(o) => o.iter().find(|(k, _)| k == key).map(|(_, v)| v),
             _ => None,
@@ -128,22 +128,14 @@ impl Json {
 
 /// Where public keys come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
+pub(crate) enum KeySource {
     /// Node paths (`keyPath` / `keyPaths`), read beneath `--root`.
     Paths(Vec<String>),
     /// Inline keys (`keyData` / `keyDatas`, base64 in the file).
     Data(Vec<Vec<u8>>),
 }
 
-impl KeySource {
-    /// Short description for logs and errors.
-    pub fn describe(&self) -> String {
-        match self {
-            KeySource::Paths(p) => p.join(", "),
-            KeySource::Data(d) => format!("{} inline key(s)", d.len()),
-        }
-    }
-}
+impl KeySource {}
 
 /// A string field: `None` absent, `""` for `null` (Go leaves the string empty).
 pub(crate) fn string(v: &Json, key: &str, what: &str) -> Result<Option<String>> {

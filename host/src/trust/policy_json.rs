@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, bail};
 
 use super::policy_fields::{self, only_keys};
-pub use super::policy_fields::{Json, KeySource};
+pub(crate) use super::policy_fields::{Json, KeySource};
 use super::reference::{DockerRef, DockerRefExt};
 
 /// Requires every key of `exact` and nothing else.
@@ -24,7 +24,7 @@ fn exact_keys(obj: &[(String, Json)], exact: &[&str], what: &str) -> Result<()> 
 
 /// How a signature's claimed identity must relate to the image (`signedIdentity`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdentityMatch {
+pub(crate) enum IdentityMatch {
     /// Same repository and the same tag or digest.
     MatchExact,
     /// Same reference if the image is named by tag; same repository if by digest (default).
@@ -46,7 +46,7 @@ pub enum IdentityMatch {
 
 impl IdentityMatch {
     /// The JSON `type` name.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             IdentityMatch::MatchExact => "matchExact",
             IdentityMatch::MatchRepoDigestOrExact => "matchRepoDigestOrExact",
@@ -105,7 +105,7 @@ impl IdentityMatch {
 
     /// Whether a signature claiming `signed` is acceptable for `image` (the reference
     /// as the user named it, `None` for a transport without Docker identity).
-    pub fn matches(&self, image: Option<&DockerRef>, signed: &str) -> bool {
+    pub(crate) fn matches(&self, image: Option<&DockerRef>, signed: &str) -> bool {
         let Ok(signed) = DockerRef::parse(signed) else { return false };
         match self {
             IdentityMatch::MatchExact => image
@@ -151,7 +151,7 @@ fn repo_digest_or_exact(intended: &DockerRef, signed: &DockerRef) -> bool {
 
 /// One policy requirement.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Requirement {
+pub(crate) enum Requirement {
     /// Accept without looking at signatures.
     InsecureAcceptAnything,
     /// Refuse.
@@ -181,7 +181,7 @@ pub enum Requirement {
 
 impl Requirement {
     /// The JSON `type` name.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Requirement::InsecureAcceptAnything => "insecureAcceptAnything",
             Requirement::Reject => "reject",
@@ -259,7 +259,7 @@ fn parse_requirements(v: &Json, what: &str) -> Result<Vec<Requirement>> {
 
 /// A loaded policy.json.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// `default`.
     pub default: Vec<Requirement>,
     /// `transports.<name>.<scope>`.
@@ -268,7 +268,7 @@ pub struct Policy {
 
 impl Policy {
     /// Parses policy.json text; errors name the entry (`transports.docker."scope"[0]: …`).
-    pub fn parse(text: &[u8]) -> Result<Policy> {
+    pub(crate) fn parse(text: &[u8]) -> Result<Policy> {
         let doc = Json::parse(text).context("not valid JSON")?;
         let obj = doc.object("policy")?;
         only_keys(obj, &["default", "transports"], "policy")?;
@@ -296,7 +296,7 @@ impl Policy {
     /// default, `None` = global default), as containers/image looks them up: the full
     /// identity, then each namespace from the most specific, then the transport's `""`,
     /// then `default`.
-    pub fn requirements_for(
+    pub(crate) fn requirements_for(
         &self,
         transport: &str,
         identity: &str,
@@ -318,7 +318,7 @@ impl Policy {
 
 /// Policy scopes searched for a Docker reference after its full identity: the repository,
 /// each parent namespace, the host[:port], then `*.domain` wildcards of the host without port.
-pub fn docker_namespaces(name: &str) -> Vec<String> {
+pub(crate) fn docker_namespaces(name: &str) -> Vec<String> {
     let mut res = Vec::new();
     let mut n = name;
     loop {
@@ -338,7 +338,7 @@ pub fn docker_namespaces(name: &str) -> Vec<String> {
 
 /// Policy scopes of an OCI layout directory after its identity: the directory itself and
 /// each parent except `/`.
-pub fn oci_namespaces(dir: &str) -> Vec<String> {
+pub(crate) fn oci_namespaces(dir: &str) -> Vec<String> {
     let mut res = Vec::new();
     let mut p = dir;
     loop {

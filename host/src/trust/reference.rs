@@ -6,10 +6,10 @@ use anyhow::{Result, anyhow, bail};
 use kata_addons_facts::reference::{self, Familiar, Named};
 
 /// A normalised Docker reference: `host/repository[:tag][@digest]`.
-pub type DockerRef = Named;
+pub(crate) type DockerRef = Named;
 
 /// The readings of a [`DockerRef`] the trust policy uses.
-pub trait DockerRefExt: Sized {
+pub(crate) trait DockerRefExt: Sized {
     /// Parses and normalises (`busybox` = `docker.io/library/busybox`), like
     /// `reference.ParseNormalizedNamed`.
     fn parse(s: &str) -> Result<Self>;

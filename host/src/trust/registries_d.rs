@@ -40,7 +40,7 @@ struct ConfigFile {
 
 /// The merged registries.d configuration.
 #[derive(Debug, Default, Clone)]
-pub struct RegistriesD {
+pub(crate) struct RegistriesD {
     default_docker: Option<Namespace>,
     docker: BTreeMap<String, (Namespace, String)>,
     default_from: String,
@@ -48,7 +48,7 @@ pub struct RegistriesD {
 
 /// Where to read simple signatures for one image, and whether to read sigstore attachments.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignatureConfig {
+pub(crate) struct SignatureConfig {
     /// Lookaside base URL (`file://…`, `http(s)://…`), `None` when nothing is configured.
     pub lookaside: Option<String>,
     /// The registries.d entry that named the lookaside (for messages).
@@ -60,7 +60,7 @@ pub struct SignatureConfig {
 impl RegistriesD {
     /// Merges the `*.yaml` files of `dir` (a missing directory is empty). A namespace or
     /// `default-docker` defined in two files is an error, as in containers/image.
-    pub fn load(files: Vec<(String, Vec<u8>)>) -> Result<RegistriesD> {
+    pub(crate) fn load(files: Vec<(String, Vec<u8>)>) -> Result<RegistriesD> {
         let mut out = RegistriesD::default();
         for (name, bytes) in files {
             let text = String::from_utf8(bytes).with_context(|| format!("{name}: not UTF-8"))?;
@@ -84,7 +84,7 @@ impl RegistriesD {
 
     /// Reads the `*.yaml` files of a directory (a node directory or a flag's), in name
     /// order; a missing directory, or a file gone since the listing, is nothing.
-    pub fn read_dir(fs: &NodeFs, dir: &FilePath) -> Result<Vec<(String, Vec<u8>)>> {
+    pub(crate) fn read_dir(fs: &NodeFs, dir: &FilePath) -> Result<Vec<(String, Vec<u8>)>> {
         let mut out = Vec::new();
         for e in fs.list(dir)?.unwrap_or_default() {
             if !e.name.ends_with(".yaml") {
@@ -100,7 +100,7 @@ impl RegistriesD {
     /// The configuration for the image at `identity` (policy identity of the reference
     /// actually pulled from) with repository name `name`: the most specific `docker`
     /// namespace that sets the field, else `default-docker`.
-    pub fn for_image(&self, identity: &str, name: &str) -> SignatureConfig {
+    pub(crate) fn for_image(&self, identity: &str, name: &str) -> SignatureConfig {
         let scopes: Vec<String> = std::iter::once(identity.to_string()).chain(docker_namespaces(name)).collect();
         let mut lookaside = None;
         let mut attachments = None;

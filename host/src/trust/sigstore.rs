@@ -13,16 +13,16 @@ use serde::Deserialize;
 use sha2::Digest;
 
 /// Media type of a sigstore simple-signing payload layer.
-pub const PAYLOAD_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+pub(crate) const PAYLOAD_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
 /// Annotation holding the base64 signature.
-pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
+pub(crate) const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 /// Largest signature payload read (containers/image's limit is 4 MiB).
-pub const MAX_SIGNATURE_SIZE: u64 = 4 << 20;
+pub(crate) const MAX_SIGNATURE_SIZE: u64 = 4 << 20;
 
 /// One layer of a sigstore attachment manifest.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AttachmentLayer {
+pub(crate) struct AttachmentLayer {
     /// Layer media type.
     #[serde(default)]
     pub media_type: String,
@@ -37,14 +37,14 @@ pub struct AttachmentLayer {
 
 /// A sigstore attachment manifest (`sha256-<hex>.sig`).
 #[derive(Debug, Clone, Deserialize)]
-pub struct AttachmentManifest {
+pub(crate) struct AttachmentManifest {
     /// The signatures, one per layer.
     #[serde(default)]
     pub layers: Vec<AttachmentLayer>,
 }
 
 /// The tag under which sigstore attachments of `digest` are stored.
-pub fn attachment_tag(digest: &str) -> Result<String> {
+pub(crate) fn attachment_tag(digest: &str) -> Result<String> {
     let hex = digest
         .strip_prefix("sha256:")
         .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -54,7 +54,7 @@ pub fn attachment_tag(digest: &str) -> Result<String> {
 
 /// A sigstore signature as read from the registry (not yet verified).
 #[derive(Debug, Clone)]
-pub struct UntrustedSignature {
+pub(crate) struct UntrustedSignature {
     /// Layer media type.
     pub media_type: String,
     /// The payload bytes (digest-checked against the layer descriptor).
@@ -64,13 +64,13 @@ pub struct UntrustedSignature {
 }
 
 /// Trusted sigstore public keys.
-pub struct PublicKeys {
+pub(crate) struct PublicKeys {
     keys: Vec<(p256::ecdsa::VerifyingKey, String)>,
 }
 
 impl PublicKeys {
     /// Parses PEM `PUBLIC KEY` blocks (ECDSA P-256). Other key types are refused naming `what`.
-    pub fn parse(data: &[u8], what: &str) -> Result<PublicKeys> {
+    pub(crate) fn parse(data: &[u8], what: &str) -> Result<PublicKeys> {
         let text = std::str::from_utf8(data).with_context(|| format!("{what}: not a PEM file"))?;
         let mut keys = Vec::new();
         let mut rest = text;
@@ -98,13 +98,13 @@ impl PublicKeys {
     }
 
     /// Adds the keys of another set.
-    pub fn extend(&mut self, other: PublicKeys) {
+    pub(crate) fn extend(&mut self, other: PublicKeys) {
         self.keys.extend(other.keys);
     }
 
     /// Verifies `signature` (base64 of an ASN.1 DER ECDSA signature) over `payload`;
     /// returns the fingerprint (sha256 of the SubjectPublicKeyInfo) of the key that made it.
-    pub fn verify(&self, payload: &[u8], signature_b64: &str) -> Result<String> {
+    pub(crate) fn verify(&self, payload: &[u8], signature_b64: &str) -> Result<String> {
         let raw = base64::engine::general_purpose::STANDARD
             .decode(signature_b64.trim())
             .map_err(|e| anyhow!("base64 decoding of the signature: {e}"))?;

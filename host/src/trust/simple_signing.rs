@@ -7,13 +7,13 @@ use anyhow::{Result, bail};
 use super::policy_json::Json;
 
 /// `critical.type` of a GPG simple signature.
-pub const ATOMIC_TYPE: &str = "atomic container signature";
+pub(crate) const ATOMIC_TYPE: &str = "atomic container signature";
 /// `critical.type` of a sigstore (cosign) payload.
-pub const COSIGN_TYPE: &str = "cosign container image signature";
+pub(crate) const COSIGN_TYPE: &str = "cosign container image signature";
 
 /// What a verified payload claims.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Payload {
+pub(crate) struct Payload {
     /// `critical.image.docker-manifest-digest`.
     pub manifest_digest: String,
     /// `critical.identity.docker-reference`.
@@ -36,7 +36,7 @@ fn exact<'a>(v: &'a Json, keys: &[&str], what: &str) -> Result<&'a [(String, Jso
 }
 
 /// Parses a payload of the expected `critical.type` (only after its signature verified).
-pub fn parse(bytes: &[u8], expected_type: &str) -> Result<Payload> {
+pub(crate) fn parse(bytes: &[u8], expected_type: &str) -> Result<Payload> {
     let doc = Json::parse(bytes)?;
     exact(&doc, &["critical", "optional"], "signature payload")?;
     if let Some(o) = doc.get("optional")

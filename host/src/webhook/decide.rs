@@ -19,7 +19,7 @@ pub const CONFIGMAP_NAME: &str = "kata-addon-artifacts";
 
 /// What the webhook decided about one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Allowed, with warnings.
     Allow(Vec<String>),
     /// Denied: HTTP-style code, reason, message.

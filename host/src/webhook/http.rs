@@ -30,9 +30,9 @@ use super::decide::{BadRequest, Decision, Reviewer};
 use super::review;
 
 /// Largest request body read (the API server itself caps requests at 3 MiB).
-pub const MAX_BODY: usize = 3 << 20;
+pub(crate) const MAX_BODY: usize = 3 << 20;
 /// Bodies of at most this many declared bytes draw on the small-body reserve.
-pub const SMALL_BODY: usize = 64 << 10;
+pub(crate) const SMALL_BODY: usize = 64 << 10;
 /// Longest time to receive a request body once its budget is held.
 pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -20,8 +20,5 @@ mod server;
 mod tls;
 mod warnings;
 
-pub use decide::{CONFIGMAP_NAME, Decision};
-pub use http::MAX_BODY;
-pub use review::REVIEW_API_VERSION;
-pub use server::{CLOSE_GRACE, H2_PING_INTERVAL, H2_PING_TIMEOUT, HANDSHAKE_TIMEOUT, HEADER_TIMEOUT, Options, serve};
-pub use warnings::{MAX_WARNING_CHARS, MAX_WARNINGS, preview_warnings, warning};
+pub use decide::CONFIGMAP_NAME;
+pub(crate) use server::{Options, serve};

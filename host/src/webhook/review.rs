@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 /// The AdmissionReview API version served (in and out).
-pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+pub(crate) const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 
 /// The parts of an AdmissionReview request the webhook reads.
 #[derive(Debug, Deserialize)]

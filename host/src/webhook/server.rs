@@ -43,17 +43,17 @@ use super::tls;
 use crate::policy::Policy;
 
 /// Longest TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest time to receive a request's headers once its first byte arrived.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an HTTP/2 peer is pinged.
-pub const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
+pub(crate) const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
 /// How long an HTTP/2 ping may go unanswered.
-pub const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// After an idle connection was asked to close, how long until it is dropped.
-pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// HTTP/2 flow-control window, per stream and per connection.
-pub const H2_WINDOW: u32 = 64 << 10;
+pub(crate) const H2_WINDOW: u32 = 64 << 10;
 /// Concurrent HTTP/2 streams per connection.
 const H2_STREAMS: u32 = 64;
 /// Largest HTTP/1 read buffer (so also the largest request head).
@@ -68,7 +68,7 @@ const PROBE_IDLE: Duration = Duration::from_secs(5);
 
 /// How `kata-addons webhook` serves (validated by the command layer).
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Address and port of the HTTPS listener.
     pub listen: SocketAddr,
     /// Address and port of the plain-HTTP probe listener, if any.
@@ -370,7 +370,7 @@ where
 }
 
 /// Serves until SIGTERM/SIGINT, then finishes in-flight requests and returns.
-pub async fn serve(opts: &Options, policy: Policy) -> Result<()> {
+pub(crate) async fn serve(opts: &Options, policy: Policy) -> Result<()> {
     let (acceptor, certs) = tls::acceptor(&opts.tls_cert, &opts.tls_key)?;
     let stop_signal = shutdown_signal()?;
     let listener = TcpListener::bind(opts.listen).await.with_context(|| format!("listening on {}", opts.listen))?;

@@ -5,15 +5,15 @@ use crate::policy::Provider;
 use crate::preview::Preview;
 
 /// Kubernetes recommends at most 120 characters per admission warning.
-pub const MAX_WARNING_CHARS: usize = 120;
+pub(crate) const MAX_WARNING_CHARS: usize = 120;
 /// Most warnings in one response. The API server keeps at most 4096 characters of
 /// warnings per request from all sources (beyond that it cuts each to 256); 16 × 120
 /// stays under half of that.
-pub const MAX_WARNINGS: usize = 16;
+pub(crate) const MAX_WARNINGS: usize = 16;
 
 /// One warning as the API server accepts it: printable (control characters would make
 /// it drop the warning), at most [`MAX_WARNING_CHARS`] characters (cut with `…`).
-pub fn warning(text: &str) -> String {
+pub(crate) fn warning(text: &str) -> String {
     let clean: String = text.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect();
     if clean.chars().count() <= MAX_WARNING_CHARS {
         return clean;
@@ -46,7 +46,7 @@ fn toml_assignments(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
 
 /// The preview as admission warnings: image, provider and runtime, version, each file,
 /// and each key the drop-in sets. Unique, printable, cut to the API server's limits.
-pub fn preview_warnings(p: &Preview) -> Vec<String> {
+pub(crate) fn preview_warnings(p: &Preview) -> Vec<String> {
     let plan = &p.plan;
     let mut lines = vec![
         format!("kata-addons: image {}", plan.image),
