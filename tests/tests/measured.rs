@@ -117,17 +117,25 @@ fn snapshot(root: &Path) -> std::collections::BTreeMap<String, String> {
     s
 }
 
-#[test]
-fn kata_deploy_snp_root_measured_image_and_extension() {
+/// The tools check, a scratch directory, and a kata-deploy qemu-snp-runtime-rs node root
+/// (Kata's template filled) with kata-deploy's `25-devkit.toml` beside it; returns the
+/// fragment's node path too.
+fn kata_deploy_snp_node() -> (tempfile::TempDir, Node, String) {
     if let Some(why) = disk::missing_tools() {
         panic!("{why}");
     }
     let tmp = tempfile::tempdir().expect("tempdir");
-    let d = tmp.path();
     let node = Node::empty();
     node.write(CONFIG, &kata_config());
     let devkit_path = format!("{}/config.d/25-devkit.toml", CONFIG.rsplit_once('/').expect("dir").0);
     node.write(&devkit_path, &devkit_fragment(""));
+    (tmp, node, devkit_path)
+}
+
+#[test]
+fn kata_deploy_snp_root_measured_image_and_extension() {
+    let (tmp, node, devkit_path) = kata_deploy_snp_node();
+    let d = tmp.path();
     let base_effective = node.effective_of(CONFIG);
     assert_eq!(node.qemu_of(CONFIG, "kernel_verity_params").as_deref(), Some(BASE_PARAMS), "the template filled");
     let before = snapshot(node.root());
@@ -271,15 +279,8 @@ fn kata_deploy_snp_root_measured_image_and_extension() {
 /// a kata-deploy upgrade that edits devkit's verity parameters in `25-devkit.toml`.
 #[test]
 fn the_daemon_re_renders_when_a_re_emitted_entry_changes_underneath() {
-    if let Some(why) = disk::missing_tools() {
-        panic!("{why}");
-    }
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let (tmp, node, devkit_path) = kata_deploy_snp_node();
     let d = tmp.path();
-    let node = Node::empty();
-    node.write(CONFIG, &kata_config());
-    let devkit_path = format!("{}/config.d/25-devkit.toml", CONFIG.rsplit_once('/').expect("dir").0);
-    node.write(&devkit_path, &devkit_fragment(""));
     let (ext, ev) = disk::measured(d, "coco", Fs::Erofs, Label::Gpt, "c0c0", 4096, 4096);
     let layer = LayerBuilder::new()
         .file("images/kata-containers-coco.img", &std::fs::read(&ext).expect("ext"))
