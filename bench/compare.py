@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Helper of bench/compare: builds the benchmark images straight into a docker-registry
 filesystem storage, and times `kata-addons install` against the reference pipeline
-(skopeo copy + umoci unpack + cp) and the floor (manifest + needed blobs through gzip -dc).
+(skopeo copy + umoci unpack + cp), podman (pull + create + cp, vfs storage: the method of
+OpenShift's MachineConfig mode) and the floor (manifest + needed blobs through gzip -dc).
 
 Standard library only. See bench/compare for the entry point.
 """
@@ -310,6 +311,35 @@ class Variants:
 
         return ["bash", "-c", script], self.env, w, measure
 
+    def podman(self, tag):
+        """podman pull + create + cp, as a MachineConfig-style node would, with every piece of
+        podman state (storage, run root, libpod tmp, blob staging via TMPDIR) in a throwaway
+        directory; vfs storage (no overlay mounts, so it runs anywhere root runs). The image
+        reference is fully qualified: podman talks to the loopback registry only."""
+        w = self.fresh("podman")
+        os.makedirs(os.path.join(w, "tmp"))
+        dest = os.path.join(w, "dest")
+        image = f"{self.addr}/{REPO}:{tag}"
+        p = (
+            f"podman --root {w}/root --runroot {w}/run --tmpdir {w}/libpod --storage-driver vfs "
+            "--cgroup-manager cgroupfs --events-backend none"
+        )
+        script = (
+            "set -e\n"
+            f"export TMPDIR={w}/tmp\n"
+            f"{p} pull --quiet --tls-verify=false {image}\n"
+            f"{p} create --network none --name bench {image} true\n"
+            f"mkdir -p {dest}\n"
+            f"{p} cp bench:{KERNEL} {dest}/vmlinuz\n"
+            f"{p} cp bench:{INITRD} {dest}/initrd.img\n"
+        )
+
+        def measure():
+            temp = sum(disk_usage(os.path.join(w, d)) for d in ("root", "run", "libpod", "tmp"))
+            return temp, [os.path.join(dest, "vmlinuz"), os.path.join(dest, "initrd.img")]
+
+        return ["bash", "-c", script], self.env, w, measure
+
     def floor(self, tag):
         base = f"http://{self.addr}/v2/{REPO}"
         lines = [
@@ -326,7 +356,7 @@ def run(a):
         images = json.load(f)
     v = Variants(a, images)
     cases = a.cases.split(",")
-    kinds = ["ours", "reference", "floor"]
+    kinds = a.kinds.split(",")
     # Warm the policy cache and the page cache (untimed), and check correctness once.
     results = {c: {k: [] for k in kinds} for c in cases}
     for c in cases:
@@ -338,8 +368,10 @@ def run(a):
             digests[k] = sorted(sha256_file(f) for f in files)
             if d:
                 shutil.rmtree(d, ignore_errors=True)
-        if digests["ours"] != digests["reference"] or len(digests["ours"]) != 2:
-            raise SystemExit(f"{c}: kata-addons and the reference installed different files: {digests}")
+        for peer in [k for k in kinds if k in ("reference", "podman")]:
+            if digests["ours"] != digests[peer] or len(digests["ours"]) != 2:
+                raise SystemExit(f"{c}: kata-addons and {peer} installed different files: {digests}")
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     for r in range(a.runs):
         for c in cases:
             for k in kinds:  # interleaved: A B C A B C ...
@@ -350,6 +382,7 @@ def run(a):
                 if d:
                     shutil.rmtree(d, ignore_errors=True)
         print(f"run {r + 1}/{a.runs} done", file=sys.stderr)
+    load = {"before": load_before, "after": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     summary = {}
     for c in cases:
         summary[c] = {"image_bytes": images[c]["image_bytes"], "files_bytes": images[c]["files_bytes"]}
@@ -364,10 +397,34 @@ def run(a):
                 "written_mb": statistics.median(x["written"] for x in xs) / 1e6,
             }
     with open(a.out, "w") as f:
-        json.dump({"summary": summary, "raw": results}, f, indent=1)
+        json.dump({"summary": summary, "raw": results, "load": load}, f, indent=1)
 
 
 # ---------------------------------------------------------------------------- report
+
+NAMES = {
+    "ours": "kata-addons install",
+    "reference": "skopeo + umoci + cp",
+    "podman": "podman pull + create + cp (vfs)",
+    "floor": "floor (curl \\| gzip -dc)",
+}
+# Issue 21's goals: (case, peer, least ratio peer / ours), and the peak RSS of ours.
+GOALS = [("top", "reference", 25), ("top", "podman", 20), ("end", "reference", 12), ("end", "podman", 8)]
+RSS_GOAL_MIB = 32
+
+
+def ratio(res, c, peer):
+    return res[c][peer]["median_s"] / res[c]["ours"]["median_s"]
+
+
+def ratio_text(raw, c, peer):
+    """Median ratio peer / ours and the range of the per-run ratios (run i of each)."""
+    if peer not in raw[c]:
+        return "—"
+    per = [p["s"] / o["s"] for p, o in zip(raw[c][peer], raw[c]["ours"])]
+    med = statistics.median(x["s"] for x in raw[c][peer]) / statistics.median(x["s"] for x in raw[c]["ours"])
+    return f"{med:.1f}× ({min(per):.1f}–{max(per):.1f}×)"
+
 
 LABELS = {
     "top": "files in the top layer (4 × base + top)",
@@ -384,7 +441,9 @@ def label(c, images):
 
 def report(a):
     with open(a.results) as f:
-        res = json.load(f)["summary"]
+        loaded = json.load(f)
+    res, raw = loaded["summary"], loaded["raw"]
+    load = loaded.get("load")
     with open(a.images) as f:
         images = json.load(f)
     lines = []
@@ -397,28 +456,43 @@ def report(a):
                 break
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     lines.append(f"Run {now} on {platform.node()}: {os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, "
-                 f"Linux {platform.release()}; `{a.command}` ({a.runs} interleaved runs, median).")
+                 f"Linux {platform.release()}; `{a.command}` ({a.runs} interleaved runs, median)."
+                 + (f" Load average (1/5/15 min) {load['before']} before, {load['after']} after." if load else ""))
     lines.append("")
     lines.append("| case | image MB | read MB | variant | median s | min–max s | peak RSS MiB | temp disk MB | written MB |")
     lines.append("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for c, s in res.items():
-        for k in ("ours", "reference", "floor"):
+        for k in [k for k in NAMES if k in s]:
             x = s[k]
-            name = {"ours": "kata-addons install", "reference": "skopeo + umoci + cp", "floor": "floor (curl \\| gzip -dc)"}[k]
             lines.append(
-                f"| {label(c, images)} | {s['image_bytes'] / 1e6:.0f} | {images[c]['needed_bytes'] / 1e6:.0f} | {name} "
+                f"| {label(c, images)} | {s['image_bytes'] / 1e6:.0f} | {images[c]['needed_bytes'] / 1e6:.0f} | {NAMES[k]} "
                 f"| {x['median_s']:.3f} | {x['min_s']:.3f}–{x['max_s']:.3f} | {x['rss_mib']:.1f} | {x['temp_mb']:.1f} "
                 f"| {x['written_mb']:.0f} |"
             )
     lines.append("")
-    lines.append("| case | reference / ours | ours / floor | installed MB | ours temp disk MB |")
-    lines.append("| --- | ---: | ---: | ---: | ---: |")
+    lines.append(
+        "| case | skopeo / ours (per-run range) | podman / ours (per-run range) | ours / floor | installed MB | ours temp disk MB |"
+    )
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
     for c, s in res.items():
         lines.append(
-            f"| {label(c, images)} | {s['reference']['median_s'] / s['ours']['median_s']:.1f}× "
+            f"| {label(c, images)} | {ratio_text(raw, c, 'reference')} | {ratio_text(raw, c, 'podman')} "
             f"| {s['ours']['median_s'] / s['floor']['median_s']:.2f}× | {s['files_bytes'] / 1e6:.1f} "
             f"| {s['ours']['temp_mb']:.1f} |"
         )
+    goals = [(c, peer, want) for c, peer, want in GOALS if c in res and peer in res[c]]
+    if goals:
+        lines.append("")
+        lines.append("| goal (issue 21) | result (median ratio; per-run range) | |")
+        lines.append("| --- | --- | --- |")
+        for c, peer, want in goals:
+            r = ratio(res, c, peer)
+            lines.append(
+                f"| {label(c, images)}: ≥ {want}× {NAMES[peer]} | {ratio_text(raw, c, peer)} "
+                f"| {'met' if r >= want else '**not met**'} |"
+            )
+        rss = max(s["ours"]["rss_mib"] for s in res.values())
+        lines.append(f"| peak RSS ≤ {RSS_GOAL_MIB} MiB | {rss:.1f} MiB | {'met' if rss <= RSS_GOAL_MIB else '**not met**'} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.write:
@@ -450,6 +524,7 @@ def main():
     r.add_argument("--work", required=True)
     r.add_argument("--images", required=True)
     r.add_argument("--cases", required=True)
+    r.add_argument("--kinds", default="ours,reference,podman,floor", help="variants to run, comma-separated")
     r.add_argument("--runs", type=int, default=5)
     r.add_argument("--out", required=True)
     w = sub.add_parser("report")
