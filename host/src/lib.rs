@@ -13,6 +13,7 @@ mod daemon;
 pub mod error;
 pub mod extract;
 pub mod fetch;
+pub mod hash;
 mod install;
 mod kata_load;
 pub mod layout;

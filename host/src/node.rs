@@ -232,7 +232,6 @@ pub(crate) fn write_atomic(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
 /// sha256 (hex) and size of a regular file, read in chunks; `None` if it is missing.
 /// A symlink or other non-regular entry is an error.
 pub(crate) fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>> {
-    use sha2::{Digest, Sha256};
     let meta = match dir.symlink_metadata(name) {
         Ok(m) => m,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -242,7 +241,7 @@ pub(crate) fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>>
         bail!("{} is not a regular file", name.display());
     }
     let mut f = dir.open(name).with_context(|| format!("opening {}", name.display()))?;
-    let mut h = Sha256::new();
+    let mut h = crate::hash::Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut size = 0u64;
     loop {
@@ -253,7 +252,7 @@ pub(crate) fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>>
         h.update(&buf[..n]);
         size += n as u64;
     }
-    Ok(Some((hex::encode(h.finalize()), size)))
+    Ok(Some((h.finish_hex(), size)))
 }
 
 /// Removes a file or directory tree if it exists.

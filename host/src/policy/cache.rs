@@ -5,7 +5,6 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
@@ -72,7 +71,7 @@ fn read_cache_entry(engine: &Engine, artifact: &Path, checksum: &Path, expected:
     if actual.len() != 4 || actual[..3] != wanted[..3] {
         bail!("checksum file is for another component, engine or format");
     }
-    if hex::encode(Sha256::digest(&data)) != actual[3].strip_prefix("cwasm-sha256 ").unwrap_or_default() {
+    if crate::hash::sha256_hex(&data) != actual[3].strip_prefix("cwasm-sha256 ").unwrap_or_default() {
         bail!("compiled bytes do not match their checksum (corrupt or truncated)");
     }
     // SAFETY: the bytes match the sha256 recorded when this program wrote them (by
@@ -116,7 +115,7 @@ pub(super) fn load_cached(
     let component = unsafe { Component::deserialize(engine, &compiled) }
         .map_err(anyhow::Error::from)
         .context("loading the freshly compiled policy component")?;
-    let manifest = cache_manifest(sha256, &hash, &hex::encode(Sha256::digest(&compiled)));
+    let manifest = cache_manifest(sha256, &hash, &crate::hash::sha256_hex(&compiled));
     let pending = PendingEntry { dir: dir.to_path_buf(), artifact, checksum, compiled, manifest };
     Ok((component, LoadedFrom::Compiled, Some(pending)))
 }

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use sha2::{Digest, Sha256};
 use wasmtime::component::Linker;
 use wasmtime::{Engine, Store, StoreLimitsBuilder, Trap};
 
@@ -87,7 +86,7 @@ impl Policy {
         if Engine::detect_precompiled(bytes).is_some() {
             bail!("this is a precompiled artifact, not a WebAssembly component; pass the .wasm component");
         }
-        let sha256 = hex::encode(Sha256::digest(bytes));
+        let sha256 = crate::hash::sha256_hex(bytes);
         let engine = new_engine(&sha256)?;
         let (component, loaded_from, pending) = match &options.cache_dir {
             Some(dir) => load_cached(&engine, bytes, &sha256, dir)?,

@@ -6,7 +6,6 @@
 
 use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
-use sha2::Digest;
 
 /// Chunks in flight to the hashing thread: as deep as the walker's queue. A chunk can pin a
 /// whole receive buffer of the HTTP client, so this bounds memory (32 measured 41 MiB RSS).
@@ -23,11 +22,11 @@ impl BlobHasher {
     pub(crate) fn start() -> Self {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(DEPTH);
         let thread = tokio::task::spawn_blocking(move || {
-            let mut h = sha2::Sha256::new();
+            let mut h = crate::hash::Sha256::new();
             while let Some(chunk) = rx.blocking_recv() {
                 h.update(&chunk);
             }
-            format!("sha256:{}", hex::encode(h.finalize()))
+            format!("sha256:{}", h.finish_hex())
         });
         BlobHasher { tx, thread }
     }
@@ -55,6 +54,7 @@ mod tests {
         for c in data.chunks(4099) {
             h.update(Bytes::copy_from_slice(c)).await.expect("update");
         }
+        use sha2::Digest;
         let want = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&data)));
         assert_eq!(h.finish().await.expect("finish"), want);
         assert_eq!(

@@ -54,7 +54,7 @@ async fn read_verified(root: &Path, d: &Descriptor) -> Result<Vec<u8>> {
         bail!("manifest {} is {} bytes, more than the {MAX_MANIFEST_SIZE} byte limit", d.digest, d.size);
     }
     let body = read_capped(&blob_path(root, &d.digest)?, MAX_MANIFEST_SIZE).await?;
-    let actual = manifest::sha256_digest(&body);
+    let actual = crate::hash::sha256_digest(&body);
     if actual != d.digest {
         bail!("manifest blob {} has digest {actual}: corrupt layout", d.digest);
     }

@@ -106,9 +106,3 @@ pub(crate) fn parse(body: &[u8], content_type: Option<&str>, platform: &Platform
     };
     Ok(Parsed::Manifest(layers, artifact))
 }
-
-/// sha256 of `data` as `sha256:<hex>`.
-pub(crate) fn sha256_digest(data: &[u8]) -> String {
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)))
-}

@@ -72,7 +72,7 @@ impl RegistryClient {
             .get_manifest_body(reference, MAX_MANIFEST_SIZE, false)
             .await?
             .ok_or_else(|| anyhow!("registry {name}: manifest {reference}: manifest unknown (HTTP 404)"))?;
-        let digest = manifest::sha256_digest(&body);
+        let digest = crate::hash::sha256_digest(&body);
         if let Some(want) = expect
             && want != digest
         {
@@ -164,7 +164,7 @@ impl RegistryClient {
             }
             body.extend_from_slice(&chunk);
         }
-        if manifest::sha256_digest(&body) != desc.digest {
+        if crate::hash::sha256_digest(&body) != desc.digest {
             bail!("blob {} does not match its digest", desc.digest);
         }
         Ok(body)
