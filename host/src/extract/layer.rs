@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
-use sha2::Digest;
 
 use super::decode::{Capped, Compression};
 use super::tarstream::{Kind, TarStream};
@@ -136,7 +135,7 @@ fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R,
         None => job.temps.create()?,
     };
     let mut w = std::io::BufWriter::with_capacity(64 * 1024, file);
-    let mut hasher = sha2::Sha256::new();
+    let mut hasher = crate::hash::Sha256::new();
     let mut stream = job.streams.get(path).map(|p| crate::verity::Stream::new(p.clone()));
     if open.buf.len() != 64 * 1024 {
         open.buf = vec![0u8; 64 * 1024];
@@ -170,7 +169,7 @@ fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R,
     let file = w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("write temporary file {tmp}"))?;
     open.files.insert(path.to_string(), (tmp.clone(), file));
     let streamed = stream.and_then(crate::verity::Stream::finish);
-    Ok(Capture { tmp, sha256: hex::encode(hasher.finalize()), size: n_total, streamed })
+    Ok(Capture { tmp, sha256: hasher.finish_hex(), size: n_total, streamed })
 }
 
 /// Walks one layer from a `Read` of its decompressed tar bytes.

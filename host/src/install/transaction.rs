@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cap_std::fs::Dir;
-use sha2::{Digest, Sha256};
+use crate::hash::sha256_hex;
 
 use super::discovery::{known_config_dirs, open_dir_if_exists, our_drop_ins, version_dirs};
 use super::facts::{FileFacts, FileMeta, Observed};
@@ -99,9 +99,6 @@ pub fn image_ref(plan: &Plan) -> ImageRef {
     }
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(Sha256::digest(data))
-}
 
 /// Takes the node lock without stalling the async runtime.
 async fn lock_node(root: &Root, timeout: Duration) -> Result<lock::NodeLock> {

@@ -10,7 +10,6 @@ use base64::Engine;
 use p256::ecdsa::signature::Verifier;
 use p256::pkcs8::DecodePublicKey;
 use serde::Deserialize;
-use sha2::Digest;
 
 /// Media type of a sigstore simple-signing payload layer.
 pub(crate) const PAYLOAD_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
@@ -87,7 +86,7 @@ impl PublicKeys {
                 anyhow!("{what}: not an ECDSA P-256 public key (the only sigstore key type this build verifies): {e}")
             })?;
             let der = p256::pkcs8::EncodePublicKey::to_public_key_der(&pk).map_err(|e| anyhow!("{what}: {e}"))?;
-            let fp = hex::encode(sha2::Sha256::digest(der.as_bytes()));
+            let fp = crate::hash::sha256_hex(der.as_bytes());
             keys.push((p256::ecdsa::VerifyingKey::from(&pk), format!("sha256:{fp}")));
             rest = &rest[close..];
         }
