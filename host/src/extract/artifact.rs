@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 
 use super::LayerIndex;
 use super::bridge::{Pass, stream_verified};
-use super::layer::Capture;
 use super::layers::{Captured, capture_in_layers};
+use super::sink::Capture;
 use crate::source::artifact::{Artifact, ArtifactFile, Located, check_unpacked};
 use crate::source::{Descriptor, ResolvedImage};
 

@@ -3,7 +3,7 @@
 //! on its own thread; the layer counts only once every byte matched its descriptor.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -18,7 +18,8 @@ use crate::source::Descriptor;
 use crate::source::blob::BlobSource;
 use crate::source::blobhash::BlobHasher;
 
-/// A `Read` over chunks received from the async side; channel closed = end of data.
+/// A `BufRead` over chunks received from the async side (channel closed = end of data):
+/// the decoder reads the received buffers in place, with no copy.
 pub struct ChannelReader {
     rx: tokio::sync::mpsc::Receiver<Bytes>,
     cur: Bytes,
@@ -33,16 +34,27 @@ impl ChannelReader {
 
 impl Read for ChannelReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let avail = self.fill_buf()?;
+        let n = buf.len().min(avail.len());
+        buf[..n].copy_from_slice(&avail[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl BufRead for ChannelReader {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
         while self.cur.is_empty() {
             match self.rx.blocking_recv() {
                 Some(b) => self.cur = b,
-                None => return Ok(0),
+                None => break,
             }
         }
-        let n = buf.len().min(self.cur.len());
-        buf[..n].copy_from_slice(&self.cur[..n]);
-        let _ = self.cur.split_to(n);
-        Ok(n)
+        Ok(&self.cur)
+    }
+
+    fn consume(&mut self, n: usize) {
+        let _ = self.cur.split_to(n.min(self.cur.len()));
     }
 }
 

@@ -1,7 +1,7 @@
 //! Decoding a layer blob: its compression from the media type, the decompressing reader,
 //! and the cap on what it may decompress to (a decompression bomb is refused).
 
-use std::io::Read;
+use std::io::{BufRead, Read};
 
 use anyhow::{Context, Result, bail};
 
@@ -34,13 +34,13 @@ impl Compression {
     }
 }
 
-/// The decompressing reader for a layer blob's bytes.
-pub fn decoder<'a, R: Read + 'a>(compression: Compression, reader: R) -> Result<Box<dyn Read + 'a>> {
+/// The decompressing reader for a layer blob's bytes (read in place from `reader`'s buffer).
+pub fn decoder<'a, R: BufRead + 'a>(compression: Compression, reader: R) -> Result<Box<dyn Read + 'a>> {
     Ok(match compression {
         Compression::None => Box::new(reader),
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(reader)),
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(reader)),
         Compression::Zstd => {
-            let mut d = zstd::stream::read::Decoder::new(reader).context("zstd decoder")?;
+            let mut d = zstd::stream::read::Decoder::with_buffer(reader).context("zstd decoder")?;
             // Bounded memory: refuse frames needing a window above 16 MiB.
             d.window_log_max(24).context("zstd decoder")?;
             Box::new(d)

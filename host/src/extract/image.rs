@@ -12,8 +12,8 @@ use cap_std::fs::Dir;
 
 use super::bridge::Pass;
 use super::decode::Compression;
-use super::layer::Capture;
 use super::layers::capture_in_layers;
+use super::sink::Capture;
 use super::tempfiles::{TMP_PREFIX, TempFiles, sync_file};
 use super::{IndexBudget, Limits};
 use crate::source::blob::BlobSource;

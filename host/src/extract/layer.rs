@@ -2,29 +2,18 @@
 //! and copying the candidate files into temporary files in the destination directory.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
+use bytes::Bytes;
 
 use super::decode::{Capped, Compression};
+use super::sink::{CHUNK, Capture, Sink};
 use super::tarstream::{Kind, TarStream};
 use super::tempfiles::TempFiles;
 use super::{IndexBudget, LayerIndex, Node, Resolution, View, normalize};
-
-/// A file copied out of a layer into a temporary file.
-#[derive(Debug, Clone)]
-pub struct Capture {
-    /// Temporary file name in the destination.
-    pub tmp: String,
-    /// sha256 (hex) of the content.
-    pub sha256: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// The dm-verity tree computed while the file was copied (measured images only).
-    pub streamed: Option<crate::verity::Streamed>,
-}
 
 /// Which files of a layer to copy out.
 pub enum Mode {
@@ -88,63 +77,52 @@ fn candidates(job: &LayerJob, index: &LayerIndex, wanted: &[String], visited: &m
     out
 }
 
-/// Bytes written to a captured file between two requests to start writing them back.
-pub(crate) const WRITEBACK_STEP: u64 = 4 << 20;
-
-/// Asks the kernel to start writing `len` bytes at `offset` of `file` back to disk now,
-/// without waiting, so that the final `fsync` overlaps decompression instead of following
-/// it. Only a hint: failure is ignored (the `fsync` is what makes the data durable).
-#[cfg(target_os = "linux")]
-pub(crate) fn start_writeback(file: &cap_std::fs::File, offset: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };
-    // SAFETY: a plain syscall on a descriptor we own; no memory is passed.
-    unsafe {
-        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
-    }
+/// Walks one layer from a `Read` of its decompressed tar bytes; the captured files are
+/// hashed and written by the writer thread ([`Sink`]) while the walk goes on.
+pub fn run_decompressed<R: Read>(job: LayerJob, decompressed: R) -> Result<LayerOutput> {
+    std::thread::scope(|scope| {
+        let mut sink = Sink::new(scope, &job.temps);
+        let walked = walk(&job, decompressed, &mut sink);
+        // A writer error (the disk) is the cause of a walker error "the file writer stopped".
+        let captures = sink.finish()?;
+        match walked {
+            Ok(index) => Ok(LayerOutput { index, captures }),
+            Err(e) => {
+                for c in captures.values() {
+                    job.temps.remove(&c.tmp);
+                }
+                Err(e)
+            }
+        }
+    })
 }
 
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn start_writeback(_file: &cap_std::fs::File, _offset: u64, _len: u64) {}
-
-/// Temporary files open for writing during one layer pass, by path, and the copy buffer:
-/// a later duplicate of a path rewrites its file in place, so a layer repeating the wanted
-/// path 200,000 times costs no file creation, removal or fsync per copy (issue 10:
-/// creating and fsyncing each copy cost 20 s of CPU for a 1 MiB layer).
-#[derive(Default)]
-struct Open {
-    files: HashMap<String, (String, cap_std::fs::File)>,
-    buf: Vec<u8>,
-}
-
-/// Copies an entry's data into the temporary file for `path` (a new one, or the one an
-/// earlier copy of the same path in this layer used), hashing it. The data is not synced
-/// here: the caller syncs the files it keeps before renaming them ([`super::tempfiles::sync_file`]).
-fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R, size: u64) -> Result<Capture> {
-    use std::io::Seek;
+/// Sends an entry's data to the writer as the copy of `path` (a new temporary file, or the
+/// one an earlier copy of the same path in this layer used), checking the size limits. The
+/// data is not synced: the caller syncs the files it keeps before renaming them
+/// ([`super::tempfiles::sync_file`]).
+fn capture<R: Read>(
+    job: &LayerJob,
+    sink: &mut Sink<'_, '_>,
+    captured: &mut HashSet<String>,
+    path: &str,
+    entry: &mut R,
+    size: u64,
+) -> Result<()> {
     if size > job.max_file_size {
         bail!("/{path} is {size} bytes, more than the per-file limit of {} bytes", job.max_file_size);
     }
     job.temps.check_space(path, size)?;
-    let (tmp, file) = match open.files.remove(path) {
-        Some((tmp, mut file)) => {
-            file.set_len(0).with_context(|| format!("truncate temporary file {tmp}"))?;
-            file.rewind().with_context(|| format!("rewind temporary file {tmp}"))?;
-            (tmp, file)
-        }
-        None => job.temps.create()?,
-    };
-    let mut w = std::io::BufWriter::with_capacity(64 * 1024, file);
-    let mut hasher = crate::hash::Sha256::new();
-    let mut stream = job.streams.get(path).map(|p| crate::verity::Stream::new(p.clone()));
-    if open.buf.len() != 64 * 1024 {
-        open.buf = vec![0u8; 64 * 1024];
-    }
-    let buf = &mut open.buf;
+    sink.begin(path, job.streams.get(path).cloned())?;
+    captured.insert(path.to_string());
     let mut n_total = 0u64;
-    let mut started = 0u64;
     loop {
-        let n = entry.read(buf).with_context(|| format!("read /{path} from the layer"))?;
+        // The decoder inflates straight into the chunk handed to the writer: no copy.
+        let mut chunk = Vec::with_capacity(CHUNK);
+        let n = (&mut *entry)
+            .take(CHUNK as u64)
+            .read_to_end(&mut chunk)
+            .with_context(|| format!("read /{path} from the layer"))?;
         if n == 0 {
             break;
         }
@@ -156,55 +134,22 @@ fn copy_out<R: Read>(job: &LayerJob, open: &mut Open, path: &str, entry: &mut R,
         if total > job.max_total_size {
             bail!("extracted files exceed the total limit of {} bytes", job.max_total_size);
         }
-        hasher.update(&buf[..n]);
-        if let Some(s) = &mut stream {
-            s.update(&buf[..n]);
-        }
-        w.write_all(&buf[..n]).with_context(|| format!("write temporary file {tmp}"))?;
-        if n_total - started >= WRITEBACK_STEP {
-            start_writeback(w.get_ref(), started, n_total - started);
-            started = n_total;
-        }
+        sink.data(Bytes::from(chunk))?;
     }
-    let file = w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("write temporary file {tmp}"))?;
-    open.files.insert(path.to_string(), (tmp.clone(), file));
-    let streamed = stream.and_then(crate::verity::Stream::finish);
-    Ok(Capture { tmp, sha256: hasher.finish_hex(), size: n_total, streamed })
+    sink.end()
 }
 
-/// Walks one layer from a `Read` of its decompressed tar bytes.
-pub fn run_decompressed<R: Read>(job: LayerJob, decompressed: R) -> Result<LayerOutput> {
-    let mut captures: HashMap<String, Capture> = HashMap::new();
-    let res = walk(&job, decompressed, &mut captures);
-    if res.is_err() {
-        for c in captures.values() {
-            job.temps.remove(&c.tmp);
-        }
-    }
-    res.map(|index| LayerOutput { index, captures })
+/// Drops the copy of `path` if this pass made one (a later entry replaced it).
+fn discard(sink: &mut Sink<'_, '_>, captured: &mut HashSet<String>, path: &str) -> Result<()> {
+    if captured.remove(path) { sink.discard(path) } else { Ok(()) }
 }
 
-fn capture<R: Read>(
-    job: &LayerJob,
-    open: &mut Open,
-    captures: &mut HashMap<String, Capture>,
-    path: &str,
-    r: &mut R,
-    size: u64,
-) -> Result<()> {
-    // An earlier copy of the same path is overwritten in place (same temporary file).
-    captures.remove(path);
-    let c = copy_out(job, open, path, r, size)?;
-    captures.insert(path.to_string(), c);
-    Ok(())
-}
-
-fn walk<R: Read>(job: &LayerJob, decompressed: R, captures: &mut HashMap<String, Capture>) -> Result<LayerIndex> {
+fn walk<R: Read>(job: &LayerJob, decompressed: R, sink: &mut Sink<'_, '_>) -> Result<LayerIndex> {
     let capped = Capped::new(decompressed, job.max_decompressed);
     let mut tar = TarStream::new(capped);
     let mut index = LayerIndex::default();
     let mut visited = HashSet::new();
-    let mut open = Open::default();
+    let mut captured = HashSet::new();
     let (wanted, exact): (&[String], bool) = match &job.mode {
         Mode::Discover(w) => (w, false),
         Mode::Exact(_) => (&[], true),
@@ -225,7 +170,7 @@ fn walk<R: Read>(job: &LayerJob, decompressed: R, captures: &mut HashMap<String,
         if exact {
             // Second pass: the layer is already indexed; copy exactly the asked files.
             if entry.kind == Kind::Regular && cands.contains(&path) {
-                capture(job, &mut open, captures, &path, &mut tar.data(), entry.size)?;
+                capture(job, sink, &mut captured, &path, &mut tar.data(), entry.size)?;
             }
             continue;
         }
@@ -237,11 +182,10 @@ fn walk<R: Read>(job: &LayerJob, decompressed: R, captures: &mut HashMap<String,
         let node = match entry.kind {
             Kind::Regular => {
                 if cands.contains(&path) {
-                    capture(job, &mut open, captures, &path, &mut tar.data(), entry.size)?;
-                } else if let Some(old) = captures.remove(&path) {
-                    // A later duplicate wins: the earlier copy is stale.
-                    open.files.remove(&path);
-                    job.temps.remove(&old.tmp);
+                    capture(job, sink, &mut captured, &path, &mut tar.data(), entry.size)?;
+                } else {
+                    // A later duplicate wins: an earlier copy is stale.
+                    discard(sink, &mut captured, &path)?;
                 }
                 Node::File { size: entry.size }
             }
@@ -267,11 +211,8 @@ fn walk<R: Read>(job: &LayerJob, decompressed: R, captures: &mut HashMap<String,
             Kind::Sparse => Node::Sparse,
             Kind::Other(_) => Node::Other("unsupported tar entry"),
         };
-        if !matches!(node, Node::File { .. })
-            && let Some(old) = captures.remove(&path)
-        {
-            open.files.remove(&path);
-            job.temps.remove(&old.tmp);
+        if !matches!(node, Node::File { .. }) {
+            discard(sink, &mut captured, &path)?;
         }
         // Only a link at a path the wanted paths went through can change where they lead.
         let relevant = relink && visited.contains(&path);
@@ -296,6 +237,41 @@ fn walk<R: Read>(job: &LayerJob, decompressed: R, captures: &mut HashMap<String,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cap_std::fs::Dir;
+
+    /// A tar entry (GNU header) of `kind` at `path` with `data`.
+    fn entry(tar: &mut Vec<u8>, path: &str, kind: tar::EntryType, data: &[u8]) {
+        let mut h = tar::Header::new_gnu();
+        h.set_path(path).expect("path");
+        h.set_entry_type(kind);
+        h.set_size(data.len() as u64);
+        h.set_cksum();
+        tar.extend_from_slice(h.as_bytes());
+        tar.extend_from_slice(data);
+        tar.resize(tar.len().next_multiple_of(512), 0);
+    }
+
+    /// Walks `tar` (uncompressed) wanting `/boot/vmlinuz`, in a fresh directory.
+    fn walk_wanting_vmlinuz(tar: &[u8]) -> (tempfile::TempDir, TempFiles, Result<LayerOutput>) {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("dir");
+        let temps = TempFiles::new(dir, "the test directory");
+        let job = LayerJob {
+            number: 0,
+            compression: Compression::None,
+            upper: Vec::new(),
+            mode: Mode::Discover(vec!["boot/vmlinuz".into()]),
+            temps: temps.clone(),
+            max_file_size: 1 << 30,
+            max_total_size: 1 << 30,
+            total: Arc::default(),
+            max_decompressed: 1 << 30,
+            streams: Arc::default(),
+            budget: Arc::new(IndexBudget::default()),
+        };
+        let out = run_decompressed(job, tar);
+        (tmp, temps, out)
+    }
 
     /// A layer repeating the wanted file rewrites one temporary file in place (issue 10,
     /// `bench/hostile` case `duplicates`: a file created, fsynced and removed per copy cost
@@ -304,37 +280,54 @@ mod tests {
     fn duplicates_of_a_wanted_file_reuse_one_temporary_file() {
         let mut tar = Vec::new();
         for i in 0..1000u32 {
-            let mut h = tar::Header::new_gnu();
-            h.set_path("boot/vmlinuz").expect("path");
-            h.set_size(4);
-            h.set_cksum();
-            tar.extend_from_slice(h.as_bytes());
-            let mut data = format!("{i:04}").into_bytes();
-            data.resize(512, 0);
-            tar.extend_from_slice(&data);
+            entry(&mut tar, "boot/vmlinuz", tar::EntryType::Regular, format!("{i:04}").as_bytes());
         }
         tar.extend_from_slice(&[0u8; 1024]);
-        let tmp = tempfile::tempdir().expect("tmp");
-        let dir = cap_std::fs::Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).expect("dir");
-        let temps = TempFiles::new(dir, "the test directory");
-        let job = LayerJob {
-            number: 0,
-            compression: Compression::None,
-            upper: Vec::new(),
-            mode: Mode::Discover(vec!["boot/vmlinuz".into()]),
-            temps: temps.clone(),
-            max_file_size: 1 << 20,
-            max_total_size: 1 << 30,
-            total: Arc::default(),
-            max_decompressed: 1 << 30,
-            streams: Arc::default(),
-            budget: Arc::new(IndexBudget::default()),
-        };
-        let out = run_decompressed(job, tar.as_slice()).expect("walks");
+        let (tmp, temps, out) = walk_wanting_vmlinuz(&tar);
+        let out = out.expect("walks");
         let c = &out.captures["boot/vmlinuz"];
         assert_eq!(std::fs::read(tmp.path().join(&c.tmp)).expect("read"), b"0999");
         assert_eq!(c.size, 4);
         assert_eq!(temps.created(), 1, "one temporary file for all copies");
         assert_eq!(std::fs::read_dir(tmp.path()).expect("list").count(), 1);
+    }
+
+    /// The writer thread gets a file of many chunks whole, with its SHA-256; a later entry
+    /// replacing the path with a directory removes the copy (issue 21: the writer owns
+    /// the file operations, in the walker's order).
+    #[test]
+    fn the_writer_thread_writes_hashes_and_discards_in_order() {
+        let big: Vec<u8> = (0..(5 * CHUNK + 123) as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let mut tar = Vec::new();
+        entry(&mut tar, "boot/vmlinuz", tar::EntryType::Regular, &big);
+        tar.extend_from_slice(&[0u8; 1024]);
+        let (tmp, _temps, out) = walk_wanting_vmlinuz(&tar);
+        let out = out.expect("walks");
+        let c = &out.captures["boot/vmlinuz"];
+        assert_eq!(std::fs::read(tmp.path().join(&c.tmp)).expect("read"), big);
+        assert_eq!((c.sha256.as_str(), c.size), (crate::hash::sha256_hex(&big).as_str(), big.len() as u64));
+
+        let mut tar = Vec::new();
+        entry(&mut tar, "boot/vmlinuz", tar::EntryType::Regular, &big);
+        entry(&mut tar, "boot/vmlinuz", tar::EntryType::Directory, b"");
+        tar.extend_from_slice(&[0u8; 1024]);
+        let (tmp, temps, out) = walk_wanting_vmlinuz(&tar);
+        let out = out.expect("walks");
+        assert!(out.captures.is_empty());
+        assert_eq!(temps.created(), 1);
+        assert_eq!(std::fs::read_dir(tmp.path()).expect("list").count(), 0, "the stale copy is removed");
+    }
+
+    /// A file cut short by the end of the stream is an error and leaves no temporary file.
+    #[test]
+    fn a_truncated_wanted_file_leaves_nothing() {
+        let mut tar = Vec::new();
+        entry(&mut tar, "boot/vmlinuz", tar::EntryType::Regular, &vec![7u8; 3 * CHUNK]);
+        tar.truncate(512 + 2 * CHUNK + 100);
+        let (tmp, temps, out) = walk_wanting_vmlinuz(&tar);
+        let err = format!("{:#}", out.err().expect("refused"));
+        assert!(err.contains("/boot/vmlinuz"), "{err}");
+        assert_eq!(temps.created(), 1);
+        assert_eq!(std::fs::read_dir(tmp.path()).expect("list").count(), 0);
     }
 }

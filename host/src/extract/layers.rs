@@ -7,7 +7,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 
 use super::bridge::{Pass, read_layer};
-use super::layer::{Capture, Mode};
+use super::layer::Mode;
+use super::sink::Capture;
 use super::{LayerIndex, Resolution, View};
 use crate::source::Descriptor;
 

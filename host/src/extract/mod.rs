@@ -2,7 +2,8 @@
 //! and hardlinks resolved inside the image root, this file) and the rooms around it:
 //! [`image`] (the algorithm over an image's layers), [`bridge`] (async blob stream to the
 //! blocking walker, digest verified), [`decode`] (compression, decompression-bomb cap),
-//! [`layer`] (the walker), [`tarstream`] (the tar reader), [`tempfiles`] and [`limits`].
+//! [`layer`] (the walker), [`sink`] (the file writer thread: file hash, verity tree, write),
+//! [`tarstream`] (the tar reader), [`tempfiles`] and [`limits`].
 
 pub(crate) mod artifact;
 pub(crate) mod bridge;
@@ -12,6 +13,7 @@ pub(crate) mod layer;
 pub(crate) mod layers;
 pub(crate) mod limits;
 pub(crate) mod raw;
+pub(crate) mod sink;
 pub(crate) mod tarstream;
 pub(crate) mod tempfiles;
 

@@ -7,7 +7,7 @@ use std::io::Write;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 
-use super::layer::{WRITEBACK_STEP, start_writeback};
+use super::sink::{WRITEBACK_STEP, start_writeback};
 
 /// Bytes buffered before a write: registry chunks are often a few KiB.
 const BUFFER: usize = 256 * 1024;

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cap_std::fs::Dir;
-use crate::hash::sha256_hex;
 
 use super::discovery::{known_config_dirs, open_dir_if_exists, our_drop_ins, version_dirs};
 use super::facts::{FileFacts, FileMeta, Observed};
@@ -20,6 +19,7 @@ use super::target::{Target, target};
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
 use crate::fetch::{Pull, PullOptions, Wanted};
+use crate::hash::sha256_hex;
 use crate::layout;
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
@@ -98,7 +98,6 @@ pub fn image_ref(plan: &Plan) -> ImageRef {
         ImageSource::Layout(l) => ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() },
     }
 }
-
 
 /// Takes the node lock without stalling the async runtime.
 async fn lock_node(root: &Root, timeout: Duration) -> Result<lock::NodeLock> {
