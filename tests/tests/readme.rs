@@ -55,7 +55,9 @@ fn scripts_do_their_own_setup_and_ci_runs_the_test_script() {
     let demo = read("examples/demo.sh");
     assert!(demo.contains("rustup target add wasm32-wasip2"), "demo.sh must add the wasm target");
     let run = read("tests/run");
-    for needle in ["rustup target add wasm32-wasip2", "apt-get update", "wasmtime-cli@", "cargo nextest run --workspace"] {
+    for needle in
+        ["rustup target add wasm32-wasip2", "apt-get update", "wasmtime-cli@", "cargo nextest run --workspace"]
+    {
         assert!(run.contains(needle), "tests/run lacks `{needle}`");
     }
     // The pinned CLI is the version of the wasmtime library the runner embeds.
