@@ -213,6 +213,12 @@ fn a_failing_image_backs_off_and_is_not_downloaded_on_every_tick() {
     assert!(readiness.starts_with("ready\n"), "{readiness}");
     assert!(readiness.contains("failing: ") && readiness.contains("retry: next attempt at "), "{readiness}");
     assert_eq!(kernel_sha(&node), Some(sha256_hex(&k1)), "the node keeps the last good addon");
+    // The readiness probe's view: ready (the node keeps v1), with the retry.
+    let ready_s = ready.to_str().expect("utf8");
+    let o = run_kata_env(&["status", "--root", node.root().to_str().expect("utf8"), "--ready-file", ready_s], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("daemon: ready") && out.contains("retry: next attempt at "), "{}", show(&o));
 
     // Another input is not held back by v2's backoff.
     cm.update(&[("addonImage", &imgs.image("v3")), ("kernelPath", "/vmlinuz")]);
@@ -278,6 +284,16 @@ fn one_daemon_owns_a_root_and_a_dead_owner_is_taken_over() {
     let refusal = &log_lines_with(&b.log(), "refusing to act")[0];
     assert!(refusal["owner"].as_str().is_some_and(|o| o.starts_with(&pid_a)), "the log names the owner: {refusal}");
     assert!(!ready_b.exists(), "a refusing daemon is not ready");
+    let probe = |ready: &Path| {
+        run_kata_env(
+            &["status", "--root", node.root().to_str().expect("utf8"), "--ready-file", ready.to_str().expect("utf8")],
+            &[],
+        )
+    };
+    let o = probe(&ready_b);
+    assert_eq!(o.status.code(), Some(1), "the readiness probe fails for it: {}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the daemon is not ready"), "{}", show(&o));
+    assert_eq!(probe(&ready_a).status.code(), Some(0), "the owner is ready");
     assert_eq!(installed(&node), before, "{}\n{}", a.log(), b.log());
     assert!(log_lines_with(&a.log(), "reconciling").is_empty(), "the owner did not reinstall: {}", a.log());
 
@@ -399,4 +415,65 @@ fn drift_checks_hash_only_changed_files() {
     std::fs::write(&unrelated, "# one more\n").expect("rewrite");
     wait_for("the repaired kernel", Duration::from_secs(60), || kernel_sha(&node) == Some(sha256_hex(&k)), || d.log());
     assert!(checks().iter().any(|l| l["hashed"] == 1), "the changed kernel was hashed: {}", d.log());
+}
+
+/// Seconds of the day of a JSON log line's `timestamp` (`…T01:05:34.137510Z`).
+fn time_of_day(line: &serde_json::Value) -> f64 {
+    let ts = line["timestamp"].as_str().expect("timestamp");
+    let t = ts.split_once('T').map(|(_, t)| t.trim_end_matches('Z')).expect("RFC 3339");
+    let parts: Vec<f64> = t.split(':').map(|p| p.parse().expect("number")).collect();
+    parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]
+}
+
+/// Something deletes the drop-in again and again: the first repairs run at once, then a
+/// repair needed again soon after the last one waits (3 s here, less at most 25 %), with a
+/// warning that names the next check; the drop-in comes back each time.
+#[test]
+fn repairs_undone_again_and_again_are_rate_limited() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let k = noise(100_000, 52);
+    layout_with(&dir.path().join("l"), "v1", &[("vmlinuz", &k)]);
+    let node = Node::new();
+    let cm = ConfigMapDir::new(&[
+        ("addonImage", &format!("oci:{}:v1", dir.path().join("l").display())),
+        ("kernelPath", "/vmlinuz"),
+    ]);
+    let ready = dir.path().join("ready");
+    let d = Daemon::spawn(
+        &["--log-format", "json"],
+        &["--watch", "inotify", "--failure-backoff", "3", "--failure-backoff-max", "60"],
+        node.root(),
+        Some(cm.path()),
+        &ready,
+        dir.path().join("d.log"),
+    );
+    wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
+    wait_for(
+        "the watch",
+        Duration::from_secs(10),
+        || !log_lines_with(&d.log(), "drift repair:").is_empty(),
+        || d.log(),
+    );
+    let drop_in = node.config_dir("se").join("config.d/50-kata-addons.toml");
+    let good = std::fs::read(&drop_in).expect("drop-in");
+    let repaired = || log_lines_with(&d.log(), "drift repaired:");
+    for n in 1..=3 {
+        std::fs::remove_file(&drop_in).expect("rm drop-in");
+        wait_for(
+            "the repair",
+            Duration::from_secs(60),
+            || repaired().len() >= n && std::fs::read(&drop_in).ok().as_ref() == Some(&good),
+            || d.log(),
+        );
+    }
+    let lines = repaired();
+    assert_eq!(lines.len(), 3, "one repair per deletion: {}", d.log());
+    let warned = log_lines_with(&d.log(), "drift came back after a repair");
+    assert!(!warned.is_empty() && warned[0]["next_check"].as_str().is_some_and(|s| s.ends_with("GMT")), "{}", d.log());
+    let gap = time_of_day(&lines[2]) - time_of_day(&lines[1]);
+    assert!(
+        gap >= 0.75 * 3.0,
+        "the third repair came {gap:.2} s after the second, inside the 3 s backoff:\n{}",
+        d.log()
+    );
 }

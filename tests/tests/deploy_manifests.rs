@@ -822,6 +822,12 @@ fn install_daemon_sets() {
         let probe =
             c.readiness_probe.as_ref().and_then(|p| p.exec.as_ref()).and_then(|e| e.command.clone()).expect("probe");
         assert_eq!(&probe[..4], ["kata-addons", "status", "--root", "/host"]);
+        // …and the daemon's own readiness (a daemon refusing to act on a root another one
+        // owns is not ready): the file its `--ready-file` (default) names.
+        assert_eq!(
+            flag_value(&probe, "--ready-file"),
+            Some(flag_value(&args, "--ready-file").unwrap_or("/tmp/kata-addons-ready"))
+        );
         // `status` never takes the node lock: a lock wait flag would be dead weight.
         assert!(flag_value(&probe, "--lock-timeout").is_none(), "the probe passes --lock-timeout: {probe:?}");
     }

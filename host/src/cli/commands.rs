@@ -64,9 +64,20 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             print_uninstall(&done);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { node, output } => {
+        Command::Status { node, output, ready_file } => {
             let st = install::status(&node.site())?;
-            print_status(&st, output)?;
+            let daemon = match &ready_file {
+                Some(f) => match daemon::read_ready(f)? {
+                    Some(lines) => Some(lines),
+                    None => bail!(
+                        "the daemon is not ready: {} does not exist (it appears once the daemon's action succeeded, \
+                         and is absent while another daemon with other input owns the node root; see the daemon's log)",
+                        f.display()
+                    ),
+                },
+                None => None,
+            };
+            print_status(&st, daemon.as_deref(), output)?;
             Ok(ExitCode::from(st.exit_code()))
         }
         Command::Webhook(args) => {
@@ -201,11 +212,20 @@ fn print_uninstall(done: &install::Uninstalled) {
     }
 }
 
-fn print_status(st: &install::Status, output: StatusFormat) -> Result<()> {
+fn print_status(st: &install::Status, daemon: Option<&[String]>, output: StatusFormat) -> Result<()> {
+    if let (Some(lines), StatusFormat::Text) = (daemon, output) {
+        println!("daemon: ready");
+        for l in lines {
+            println!("  {l}");
+        }
+    }
     match output {
         StatusFormat::Json => {
             let mut v = serde_json::to_value(st).context("serialising status")?;
             v["healthy"] = serde_json::Value::Bool(st.exit_code() == 0);
+            if let Some(lines) = daemon {
+                v["daemon"] = serde_json::json!({ "ready": true, "lines": lines });
+            }
             println!("{}", serde_json::to_string_pretty(&v).context("serialising status")?);
         }
         StatusFormat::Text => match &st.state {

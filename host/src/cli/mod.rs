@@ -248,6 +248,11 @@ pub enum Command {
         /// Output format.
         #[arg(long, short, value_enum, default_value_t = StatusFormat::Text)]
         output: StatusFormat,
+        /// Also require the daemon's readiness file (its `daemon --ready-file`): absent =
+        /// the daemon is not ready (exit 1); its lines (a retry's next attempt, a standby's
+        /// owner) are printed.
+        #[arg(long, value_name = "FILE")]
+        ready_file: Option<PathBuf>,
     },
     /// DaemonSet entry point: do the action, report readiness, wait for SIGTERM.
     Daemon {

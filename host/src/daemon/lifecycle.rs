@@ -94,7 +94,7 @@ impl Daemon {
             settled: None,
             backoff: Backoff::new(self.o.backoff_min, self.o.backoff_max),
             failing: None,
-            repairs: Repairs::new(Backoff::new(self.o.backoff_min, self.o.backoff_max)),
+            repairs: Repairs::new(Backoff::new(self.o.backoff_min, self.o.backoff_max), self.o.backoff_max),
             owned_by: None,
             readiness: None,
             watch_stale: true,

@@ -19,6 +19,8 @@ mod ready;
 mod repair;
 mod signals;
 
+pub use ready::read as read_ready;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -6,7 +6,12 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use std::io::Read;
+
+use anyhow::{Context, Result, bail};
+
+/// Largest readiness file read back.
+const MAX_READY_BYTES: u64 = 64 << 10;
 
 /// Writes the readiness file: `ready`, then `lines`.
 pub(super) fn write(path: &Path, lines: &[String]) -> Result<()> {
@@ -31,4 +36,23 @@ pub(super) fn remove(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("removing the readiness file {}", path.display())),
     }
+}
+
+/// What a daemon's readiness file says after its `ready` line; `None` when it is absent
+/// (the daemon is not ready). Anything else than a file starting with `ready` is refused.
+pub fn read(path: &Path) -> Result<Option<Vec<String>>> {
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("opening the readiness file {}", path.display())),
+    };
+    let mut text = String::new();
+    f.take(MAX_READY_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("reading the readiness file {}", path.display()))?;
+    let mut lines = text.lines();
+    if text.len() as u64 > MAX_READY_BYTES || lines.next() != Some("ready") {
+        bail!("{} is not a kata-addons readiness file (its first line is not `ready`)", path.display());
+    }
+    Ok(Some(lines.map(str::to_string).collect()))
 }

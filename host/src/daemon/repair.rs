@@ -2,9 +2,9 @@
 //! directory) re-verifies the node against the state through the install transaction with
 //! the recorded digest pinned; an installed file whose metadata (size, inode, mtime,
 //! ctime) is what it was when last hashed is not hashed again, and every
-//! `--verify-interval` every file is. A repair that is needed again before any check found
-//! the node intact (something keeps undoing it), and a repair that failed, wait as failed
-//! attempts do ([`super::backoff`]).
+//! `--verify-interval` every file is. Repairs are rate-limited: a repair within
+//! `--failure-backoff-max` of the previous one (something keeps undoing it) makes the next
+//! check wait as failed attempts do ([`super::backoff`]), and so does a failed repair.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -34,8 +34,12 @@ pub(super) struct Repairs {
     pub facts: FileFacts,
     /// When every file was last hashed.
     pub last_full: Instant,
-    /// Repairs in a row with no intact check between them.
+    /// Repairs in a row, each within `window` of the one before.
     consecutive: u32,
+    /// When the last repair was made.
+    last_repair: Option<Instant>,
+    /// Repairs further apart than this are not in a row.
+    window: Duration,
     /// When the next check may run after a repeated or failed repair.
     limit: Backoff,
     /// A check was asked for while `limit` held it back: run it when the wait is over.
@@ -52,9 +56,18 @@ pub(super) enum Checked {
 }
 
 impl Repairs {
-    /// Nothing known yet; waits between repairs as `limit` says.
-    pub(super) fn new(limit: Backoff) -> Repairs {
-        Repairs { facts: FileFacts::new(), last_full: Instant::now(), consecutive: 0, limit, deferred: false }
+    /// Nothing known yet; waits between repairs in a row (within `window` of each other)
+    /// as `limit` says.
+    pub(super) fn new(limit: Backoff, window: Duration) -> Repairs {
+        Repairs {
+            facts: FileFacts::new(),
+            last_full: Instant::now(),
+            consecutive: 0,
+            last_repair: None,
+            window,
+            limit,
+            deferred: false,
+        }
     }
 
     /// After an install of new input: the files it verified, no repair history.
@@ -62,6 +75,7 @@ impl Repairs {
         self.facts = facts;
         self.last_full = Instant::now();
         self.consecutive = 0;
+        self.last_repair = None;
         self.limit.reset();
         self.deferred = false;
     }
@@ -129,8 +143,6 @@ impl Daemon {
         let repaired = match result {
             Ok(Outcome::UpToDate(_)) => {
                 tracing::debug!(trigger = why, hashed = obs.hashed, full, "resync: node matches the state");
-                r.consecutive = 0;
-                r.limit.reset();
                 return Checked::Ran;
             }
             Ok(Outcome::Repaired(st, what)) => {
@@ -154,9 +166,15 @@ impl Daemon {
             }
         };
         if repaired {
-            r.consecutive += 1;
-            // The first repair after an intact check is free; one needed again before the
-            // node was seen intact means something undoes it: wait before the next.
+            // A repair long after the last one is free; one needed again soon after means
+            // something undoes it: wait before the next, longer each time.
+            if r.last_repair.is_some_and(|t| t.elapsed() < r.window) {
+                r.consecutive += 1;
+            } else {
+                r.consecutive = 1;
+                r.limit.reset();
+            }
+            r.last_repair = Some(Instant::now());
             if r.consecutive >= 2 {
                 let retry = r.limit.failed(digest, obs.digest.as_deref());
                 tracing::warn!(
