@@ -367,28 +367,24 @@ fn uninstall_is_refused_while_a_daemon_owns_the_root() {
     assert!(node.config_d_entries("se").is_empty(), "{}", show(&o));
 }
 
-/// Event-triggered checks compare metadata: an unrelated config.d file rewritten again and
-/// again causes no hash of the installed kernel; a changed kernel is still hashed and
-/// repaired by the next event-triggered check.
-#[test]
-fn drift_checks_hash_only_changed_files() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let k = noise(1 << 20, 51);
-    layout_with(&dir.path().join("l"), "v1", &[("vmlinuz", &k)]);
+/// A daemon (JSON log, `args`, `env`) installing a kernel `k` from an OCI layout in `dir`
+/// onto a fresh node, ready and watching; the ConfigMap volume is returned to keep it.
+fn watching_daemon(dir: &Path, k: &[u8], args: &[&str], env: &[(&str, &str)]) -> (Node, ConfigMapDir, Daemon) {
+    layout_with(&dir.join("l"), "v1", &[("vmlinuz", k)]);
     let node = Node::new();
     let cm = ConfigMapDir::new(&[
-        ("addonImage", &format!("oci:{}:v1", dir.path().join("l").display())),
+        ("addonImage", &format!("oci:{}:v1", dir.join("l").display())),
         ("kernelPath", "/vmlinuz"),
     ]);
-    let ready = dir.path().join("ready");
+    let ready = dir.join("ready");
     let d = Daemon::spawn_env(
         &["--log-format", "json"],
-        &["--watch", "inotify"],
-        &[("RUST_LOG", "info,kata_addons=debug")],
+        args,
+        env,
         node.root(),
         Some(cm.path()),
         &ready,
-        dir.path().join("d.log"),
+        dir.join("d.log"),
     );
     wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
     wait_for(
@@ -397,6 +393,18 @@ fn drift_checks_hash_only_changed_files() {
         || !log_lines_with(&d.log(), "drift repair:").is_empty(),
         || d.log(),
     );
+    (node, cm, d)
+}
+
+/// Event-triggered checks compare metadata: an unrelated config.d file rewritten again and
+/// again causes no hash of the installed kernel; a changed kernel is still hashed and
+/// repaired by the next event-triggered check.
+#[test]
+fn drift_checks_hash_only_changed_files() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let k = noise(1 << 20, 51);
+    let (node, _cm, d) =
+        watching_daemon(dir.path(), &k, &["--watch", "inotify"], &[("RUST_LOG", "info,kata_addons=debug")]);
     let checks = || json_lines_with(&d.log(), "installed files checked");
     let unrelated = node.config_dir("se").join("config.d/90-unrelated.toml");
     for i in 0..6 {
@@ -432,28 +440,8 @@ fn time_of_day(line: &serde_json::Value) -> f64 {
 fn repairs_undone_again_and_again_are_rate_limited() {
     let dir = tempfile::tempdir().expect("tmp");
     let k = noise(100_000, 52);
-    layout_with(&dir.path().join("l"), "v1", &[("vmlinuz", &k)]);
-    let node = Node::new();
-    let cm = ConfigMapDir::new(&[
-        ("addonImage", &format!("oci:{}:v1", dir.path().join("l").display())),
-        ("kernelPath", "/vmlinuz"),
-    ]);
-    let ready = dir.path().join("ready");
-    let d = Daemon::spawn(
-        &["--log-format", "json"],
-        &["--watch", "inotify", "--failure-backoff", "3", "--failure-backoff-max", "60"],
-        node.root(),
-        Some(cm.path()),
-        &ready,
-        dir.path().join("d.log"),
-    );
-    wait_for("readiness", Duration::from_secs(60), || ready.exists(), || d.log());
-    wait_for(
-        "the watch",
-        Duration::from_secs(10),
-        || !log_lines_with(&d.log(), "drift repair:").is_empty(),
-        || d.log(),
-    );
+    let flags = ["--watch", "inotify", "--failure-backoff", "3", "--failure-backoff-max", "60"];
+    let (node, _cm, d) = watching_daemon(dir.path(), &k, &flags, &[]);
     let drop_in = node.config_dir("se").join("config.d/50-kata-addons.toml");
     let good = std::fs::read(&drop_in).expect("drop-in");
     let repaired = || log_lines_with(&d.log(), "drift repaired:");
