@@ -490,7 +490,10 @@ fn daemon_repairs_drift_and_follows_kata_deploy_upgrade_and_reinstall() {
     // Debug lines: each resync's "node matches the state", which the test waits for.
     let child = c
         .env("RUST_LOG", "info,kata_addons=debug")
-        .args(["daemon", "--resync", &RESYNC.to_string(), "--root"])
+        // Repairs follow one another on purpose here; the repair rate limit (which would
+        // hold the second back by --failure-backoff) is tested in daemon_lifecycle.rs.
+        .args(["daemon", "--resync", &RESYNC.to_string(), "--failure-backoff", "0.1", "--failure-backoff-max", "0.2"])
+        .arg("--root")
         .arg(node.root())
         .arg("--ready-file")
         .arg(&ready)

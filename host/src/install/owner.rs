@@ -107,9 +107,31 @@ pub fn try_hold(root: &Root) -> Result<Option<OwnerLock>> {
     }
 }
 
-/// Who owns the root now. A free lock is released again at once.
+/// Whether a live daemon holds the owner lock, without creating anything: a daemon creates
+/// the lock file and holds it for its whole life, so a missing file (or `/run`) means none.
+/// A free lock is released again at once.
+fn is_held(root: &Root) -> Result<bool> {
+    let dir = match root.dir().open_dir(LOCK_DIR) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("opening /{LOCK_DIR} under the node root")),
+    };
+    let file = match dir.open_with(OWNER_LOCK_FILE, OpenOptions::new().read(true)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).context("opening the owner lock /run/kata-addons.owner.lock"),
+    };
+    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(false),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(true),
+        Err(e) => Err(e).context("locking /run/kata-addons.owner.lock"),
+    }
+}
+
+/// Who owns the root now; looks without creating the lock file (`uninstall` and `status`
+/// leave the node as they found it).
 pub fn owner(root: &Root) -> Result<Owner> {
-    let live = try_hold(root)?.is_none();
+    let live = is_held(root)?;
     let record = match super::discovery::open_addons(root)? {
         Some(addons) => read(&addons).unwrap_or_else(|e| {
             tracing::warn!("the owner record {INSTALL_DIR}/{OWNER_FILE} is unreadable: {e:#}");
