@@ -465,3 +465,41 @@ fn repairs_undone_again_and_again_are_rate_limited() {
         d.log()
     );
 }
+
+/// The readiness probe (`status --ready-file`, every 30 s) checks the artifacts by presence
+/// and size only, leaving hashes to the daemon (metadata-triggered, and every
+/// `--verify-interval`): a same-size edit is left to the daemon, while a truncated artifact
+/// fails the probe, naming the file. Plain `status` still hashes everything.
+#[test]
+fn the_readiness_probe_checks_artifacts_by_size_and_status_by_hash() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let k = noise(100_000, 60);
+    layout_with(&dir.path().join("l"), "v1", &[("vmlinuz", &k)]);
+    let node = Node::new();
+    let root = node.root().to_str().expect("utf8").to_string();
+    let image = format!("oci:{}:v1", dir.path().join("l").display());
+    let o = run_kata_env(
+        &["install", "--root", &root],
+        &[("ADDON_IMAGE", image.as_str()), ("ADDON_KERNEL_PATH", "/vmlinuz")],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let ready = dir.path().join("ready");
+    std::fs::write(&ready, "ready\n").expect("ready file");
+    let ready = ready.to_str().expect("utf8");
+    let kernel = node.path(&node.qemu_key("se", "kernel").expect("kernel"));
+    let probe = || run_kata_env(&["status", "--root", &root, "--ready-file", ready], &[]);
+    assert_eq!(probe().status.code(), Some(0), "{}", show(&probe()));
+
+    let mut edited = k.clone();
+    edited[10] ^= 1;
+    std::fs::write(&kernel, &edited).expect("same-size edit");
+    assert_eq!(probe().status.code(), Some(0), "the probe does not hash: {}", show(&probe()));
+    let full = status(&node);
+    assert_eq!(full.status.code(), Some(4), "{}", show(&full));
+    assert!(String::from_utf8_lossy(&full.stdout).contains("sha256"), "{}", show(&full));
+
+    std::fs::write(&kernel, &k[..1000]).expect("truncate");
+    let o = probe();
+    assert_eq!(o.status.code(), Some(4), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("1000 bytes, expected 100000"), "{}", show(&o));
+}

@@ -65,7 +65,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { node, output, ready_file } => {
-            let st = install::status(&node.site())?;
+            let depth = if ready_file.is_some() { install::Depth::Size } else { install::Depth::Hash };
+            let st = install::status(&node.site(), depth)?;
             let daemon = match &ready_file {
                 Some(f) => match daemon::read_ready(f)? {
                     Some(lines) => Some(lines),

@@ -15,6 +15,6 @@ pub mod transaction;
 pub mod uninstall;
 
 pub use facts::{FileFacts, Observed};
-pub use status::{Status, recorded_state, status};
+pub use status::{Depth, Status, recorded_state, status};
 pub use transaction::{Outcome, Pin, install, install_observed};
 pub use uninstall::{Uninstalled, uninstall};
