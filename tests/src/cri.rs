@@ -50,6 +50,29 @@ pub fn shim_config(shim: &str) -> String {
     s
 }
 
+/// kata-deploy's default x86_64 QEMU shims (config.rs `get_default_shims_for_arch`, less
+/// the non-QEMU ones).
+pub const SHIMS: &[&str] = &[
+    "qemu",
+    "qemu-runtime-rs",
+    "qemu-nvidia-gpu",
+    "qemu-nvidia-gpu-runtime-rs",
+    "qemu-nvidia-gpu-snp",
+    "qemu-nvidia-gpu-snp-runtime-rs",
+    "qemu-nvidia-gpu-tdx",
+    "qemu-nvidia-gpu-tdx-runtime-rs",
+    "qemu-snp",
+    "qemu-snp-runtime-rs",
+    "qemu-tdx",
+    "qemu-tdx-runtime-rs",
+];
+
+/// The CRI plugin ID kata-deploy writes for containerd config version 2
+/// (runtime/containerd.rs `CONTAINERD_V2_CRI_PLUGIN_ID`).
+pub const V2: &str = "\"io.containerd.grpc.v1.cri\"";
+/// ... for version >= 3 (`CONTAINERD_V3_RUNTIME_PLUGIN_ID`).
+pub const V3: &str = "\"io.containerd.cri.v1.runtime\"";
+
 /// kata-deploy's `KATA_DEPLOY_CONFIG_WARNING` (artifacts/install.rs, prepended by
 /// `add_kata_deploy_warning` to every copied configuration), first lines.
 const WARNING: &str = "# =============================================================================\n\

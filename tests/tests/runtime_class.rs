@@ -7,32 +7,9 @@
 use kata_addons::node::Root;
 use kata_addons::runtime_class::{self, Tee};
 use kata_addons_tests::cri::{
-    KataDeploy, containerd_dump, containerd_dump_from, containerd_missing, dumped_config_path,
+    KataDeploy, SHIMS, V2, V3, containerd_dump, containerd_dump_from, containerd_missing, dumped_config_path,
 };
 use kata_addons_tests::node::Node;
-
-/// kata-deploy's default x86_64 shims (config.rs `get_default_shims_for_arch`), less the
-/// non-QEMU ones.
-const SHIMS: &[&str] = &[
-    "qemu",
-    "qemu-runtime-rs",
-    "qemu-nvidia-gpu",
-    "qemu-nvidia-gpu-runtime-rs",
-    "qemu-nvidia-gpu-snp",
-    "qemu-nvidia-gpu-snp-runtime-rs",
-    "qemu-nvidia-gpu-tdx",
-    "qemu-nvidia-gpu-tdx-runtime-rs",
-    "qemu-snp",
-    "qemu-snp-runtime-rs",
-    "qemu-tdx",
-    "qemu-tdx-runtime-rs",
-];
-
-/// The CRI plugin ID kata-deploy writes for containerd config version 2
-/// (runtime/containerd.rs `CONTAINERD_V2_CRI_PLUGIN_ID`).
-const V2: &str = "\"io.containerd.grpc.v1.cri\"";
-/// ... for version >= 3 (`CONTAINERD_V3_RUNTIME_PLUGIN_ID`).
-const V3: &str = "\"io.containerd.cri.v1.runtime\"";
 
 fn resolve(node: &Node, handlers: &[&str], tee: Tee) -> anyhow::Result<Vec<(String, String)>> {
     let root = Root::open(node.root()).expect("root");

@@ -7,41 +7,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use kata_addons_tests::cri::{KataDeploy, containerd_dump, containerd_missing, dumped_config_path};
+use kata_addons_tests::cri::{KataDeploy, SHIMS, V2, containerd_dump, containerd_missing, dumped_config_path};
 use kata_addons_tests::node::{Node, content_snapshot, layout_with, noise};
-use kata_addons_tests::{kata_addons_bin, show};
+use kata_addons_tests::{run_kata_env, show};
 
-/// kata-deploy's default x86_64 QEMU shims (config.rs `get_default_shims_for_arch`).
-const SHIMS: &[&str] = &[
-    "qemu",
-    "qemu-runtime-rs",
-    "qemu-nvidia-gpu",
-    "qemu-nvidia-gpu-runtime-rs",
-    "qemu-nvidia-gpu-snp",
-    "qemu-nvidia-gpu-snp-runtime-rs",
-    "qemu-nvidia-gpu-tdx",
-    "qemu-nvidia-gpu-tdx-runtime-rs",
-    "qemu-snp",
-    "qemu-snp-runtime-rs",
-    "qemu-tdx",
-    "qemu-tdx-runtime-rs",
-];
-
-/// runtime/containerd.rs `CONTAINERD_V2_CRI_PLUGIN_ID`.
-const V2: &str = "\"io.containerd.grpc.v1.cri\"";
 const DROP_IN: &str = "50-kata-addons.toml";
-
-fn kata(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let home = tempfile::tempdir().expect("temp HOME");
-    let mut c = Command::new(kata_addons_bin());
-    c.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default()).env("HOME", home.path());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.args(args).output().expect("run kata-addons")
-}
 
 /// Snapshot without the node lock the runner keeps under `/run`.
 fn snap(node: &Node) -> BTreeMap<String, String> {
@@ -93,11 +65,11 @@ impl Run<'_> {
 
     fn run(&self, cmd: &str) -> Output {
         let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        kata(&[cmd, "--root", self.root()], &env)
+        run_kata_env(&[cmd, "--root", self.root()], &env)
     }
 
     fn status(&self) -> (Option<i32>, serde_json::Value) {
-        let o = kata(&["status", "--root", self.root(), "--output", "json"], &[]);
+        let o = run_kata_env(&["status", "--root", self.root(), "--output", "json"], &[]);
         let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("status json: {e}\n{}", show(&o)));
         (o.status.code(), v)
     }
@@ -323,7 +295,7 @@ fn machineconfig_mode_configmap_file_with_runtime_class() {
     )
     .expect("write configmap");
     let root = node.root().to_str().expect("utf-8");
-    let o = kata(&["install", "--root", root, "--configmap", cm.path().to_str().expect("utf-8")], &[]);
+    let o = run_kata_env(&["install", "--root", root, "--configmap", cm.path().to_str().expect("utf-8")], &[]);
     assert!(o.status.success(), "{}", show(&o));
     assert!(node.config_d_of(&snp).contains(&DROP_IN.to_string()));
     assert!(node.config_d_of(&tdx).is_empty());
@@ -339,7 +311,7 @@ fn readme_runtime_class_example_is_accepted() {
     let yaml = &section[start..start + section[start..].find("```").expect("end")];
     let cm = tempfile::NamedTempFile::new().expect("configmap");
     std::fs::write(cm.path(), yaml).expect("write");
-    let o = kata(
+    let o = run_kata_env(
         &["preview", "--output", "json", "--root", "/nonexistent", "--configmap", cm.path().to_str().expect("utf-8")],
         &[],
     );
