@@ -307,11 +307,11 @@ fn one_daemon_owns_a_root_and_a_dead_owner_is_taken_over() {
     assert_eq!(owner_pid(&node), Some(u64::from(b.child.id())));
 }
 
-/// `uninstall` while a daemon owns the root is refused (exit 1, naming it), the node
-/// unchanged; `--force` overrides; after the daemon's clean exit `uninstall` succeeds and
+/// `uninstall` and `install` while a daemon owns the root are refused (exit 1, naming it),
+/// the node unchanged; `--force` overrides; after the daemon's clean exit `uninstall` succeeds and
 /// the node is clean. A stale record (a process of another boot) is taken over.
 #[test]
-fn uninstall_is_refused_while_a_daemon_owns_the_root() {
+fn uninstall_and_install_are_refused_while_a_daemon_owns_the_root() {
     let dir = tempfile::tempdir().expect("tmp");
     let k = noise(100_000, 50);
     layout_with(&dir.path().join("l"), "v1", &[("vmlinuz", &k)]);
@@ -345,6 +345,17 @@ fn uninstall_is_refused_while_a_daemon_owns_the_root() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(&pid) && err.contains("--force"), "the refusal names the owner and the way out: {}", show(&o));
     assert_eq!(kata_addons_tests::node::snapshot(node.root()), before, "a refused uninstall changed the node");
+    // So is a hand-run `install`: the daemon would put back the addon of its own ConfigMap.
+    let cm_dir = cm.path().to_str().expect("utf8");
+    let o = run_kata_env(&["install", "--configmap-dir", cm_dir, "--root", root], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("install refused") && err.contains(&pid) && err.contains("--force"),
+        "the refusal names the owner and the way out: {}",
+        show(&o)
+    );
+    assert_eq!(kata_addons_tests::node::snapshot(node.root()), before, "a refused install changed the node");
 
     let o = run_kata_env(&["uninstall", "--root", root, "--force"], &[]);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));

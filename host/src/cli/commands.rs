@@ -42,7 +42,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             runtime()?.block_on(fetch_command(&pull, &image, &paths, &dest))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Install { config, registry, node, layout } => {
+        Command::Install { config, registry, node, layout, force } => {
+            // A live daemon would put back its own addon: refused before anything is read
+            // (the daemon's own installs run below this, holding the owner lock).
+            install::owner::refuse_if_owned(&crate::node::Root::open(&node.root)?, force, "install")?;
             let pull = registry.pull_options(&node.root)?;
             let input = Input::load(&config.source())?;
             let policy = g.load_policy()?;

@@ -224,6 +224,10 @@ pub enum Command {
         /// Runtime configuration selection.
         #[command(flatten)]
         layout: LayoutArgs,
+        /// Install even while a live `kata-addons daemon` owns this node root (it will put
+        /// back the addon of its own ConfigMap unless it is stopped).
+        #[arg(long)]
+        force: bool,
     },
     /// Remove what the state records and every kata-addons drop-in (carrying its header) in
     /// a known runtime config.d, with the version directories; works without a state.
@@ -236,7 +240,7 @@ pub enum Command {
         #[command(flatten)]
         layout: LayoutArgs,
         /// Uninstall even while a live `kata-addons daemon` owns this node root (it will
-        /// reinstall the addon unless it is stopped).
+        /// put back the addon of its own ConfigMap unless it is stopped).
         #[arg(long)]
         force: bool,
     },

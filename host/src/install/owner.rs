@@ -175,13 +175,29 @@ pub fn remove(addons: &Dir) -> Result<bool> {
 }
 
 /// The error for an action refused because a live daemon owns the root.
-pub fn owned_error(record: Option<&OwnerRecord>, what: &str) -> anyhow::Error {
+/// Refuses `what` (`install`, `uninstall`) on a root a live daemon owns, unless `force`
+/// (then it warns): the daemon would undo it. Whether a live daemon owns the root.
+pub fn refuse_if_owned(root: &Root, force: bool, what: &str) -> Result<bool> {
+    match owner(root)? {
+        Owner::Live(rec) if !force => Err(owned_error(rec.as_ref(), what)),
+        Owner::Live(rec) => {
+            let who = rec.as_ref().map_or_else(|| "an unidentified daemon".to_string(), |r| r.describe());
+            tracing::warn!(
+                "--force: {what} although the kata-addons daemon {who} owns this node root; it will put back its own addon unless it is stopped"
+            );
+            Ok(true)
+        }
+        Owner::Free(_) => Ok(false),
+    }
+}
+
+fn owned_error(record: Option<&OwnerRecord>, what: &str) -> anyhow::Error {
     let who = record.map_or_else(
         || "a kata-addons daemon whose record is missing (it holds /run/kata-addons.owner.lock)".to_string(),
         |r| format!("the kata-addons daemon {}", r.describe()),
     );
     anyhow::anyhow!(
-        "{what} refused: this node root is owned by {who}; it would reinstall the addon. Stop it first \
+        "{what} refused: this node root is owned by {who}; it would put back its own addon. Stop it first \
          (delete the kata-addons DaemonSet), or pass --force"
     )
 }

@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
 use super::discovery::{known_config_dirs, open_addons, version_dirs};
-use super::owner::{self, Owner};
+use super::owner;
 use super::sweep::sweep_leftovers;
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
@@ -45,17 +45,7 @@ impl Uninstalled {
 pub fn uninstall(site: &Site, selection: &Selection, force: bool) -> Result<Uninstalled> {
     let root = Root::open(&site.root)?;
     let _lock = lock::acquire(&root, site.lock_timeout)?;
-    let live_owner = match owner::owner(&root)? {
-        Owner::Live(rec) if !force => return Err(owner::owned_error(rec.as_ref(), "uninstall")),
-        Owner::Live(rec) => {
-            let who = rec.as_ref().map_or_else(|| "an unidentified daemon".to_string(), |r| r.describe());
-            tracing::warn!(
-                "--force: uninstalling although the kata-addons daemon {who} owns this node root; it will reinstall the addon unless it is stopped"
-            );
-            true
-        }
-        Owner::Free(_) => false,
-    };
+    let live_owner = owner::refuse_if_owned(&root, force, "uninstall")?;
     let addons = open_addons(&root)?;
     let st = match &addons {
         Some(a) => state::read(a)?,
