@@ -29,6 +29,9 @@ pub(crate) struct Checked {
     pub filesystem: Option<Filesystem>,
     /// The parameters the file verified against.
     pub verity: Option<VerityParams>,
+    /// When measured, the sha256 of the file's bytes outside the data blocks
+    /// ([`crate::verity::Verified::outside_sha256`]).
+    pub outside_sha256: Option<String>,
 }
 
 /// The role a kind of artifact has for the guest, if it is checked at all.
@@ -47,7 +50,8 @@ fn params(v: &VerityParams) -> Result<verity::Params> {
 }
 
 /// The files to fetch for `plan`: its artifacts (with the parameters known before the
-/// fetch, so the tree is computed while the file streams in) and their verity files.
+/// fetch, so the tree is computed while the file streams in, and then the sha256 only when
+/// pinned: the tree is the record) and their verity files.
 pub(crate) fn wanted(plan: &Plan) -> Result<Vec<Wanted>> {
     let mut out = Vec::new();
     for a in &plan.artifacts {
@@ -55,11 +59,12 @@ pub(crate) fn wanted(plan: &Plan) -> Result<Vec<Wanted>> {
             Some(VeritySource::Params(p)) => Some(params(p)?),
             _ => None,
         };
-        out.push(Wanted { path: a.source.clone(), dest_name: a.file_name.clone(), verity: streaming });
+        let sha256 = streaming.is_none() || a.sha256.is_some();
+        out.push(Wanted { path: a.source.clone(), dest_name: a.file_name.clone(), verity: streaming, sha256 });
     }
     for a in &plan.artifacts {
         if let Some(VeritySource::File(path)) = &a.verity {
-            out.push(Wanted { path: path.clone(), dest_name: verity_file_name(a), verity: None });
+            out.push(Wanted { path: path.clone(), dest_name: verity_file_name(a), verity: None, sha256: true });
         }
     }
     Ok(out)
@@ -115,7 +120,7 @@ pub(crate) fn check_staged(dir: &Dir, plan: &Plan, files: &[FetchedFile]) -> Res
             root_hash = found.root_hash.as_deref().unwrap_or("(unmeasured)"),
             "checked as the guest will use it"
         );
-        out.push(Checked { filesystem: Some(wit_fs(found.filesystem)), verity });
+        out.push(Checked { filesystem: Some(wit_fs(found.filesystem)), verity, outside_sha256: found.outside_sha256 });
     }
     Ok(out)
 }
@@ -156,6 +161,7 @@ pub(crate) fn record(c: &Checked) -> (Option<String>, Option<VerityRecord>) {
             data_blocks: v.data_blocks,
             data_block_size: v.data_block_size,
             hash_block_size: v.hash_block_size,
+            outside_sha256: c.outside_sha256.clone(),
         }),
     )
 }
@@ -179,6 +185,7 @@ pub(crate) fn from_records(files: &[FileRecord]) -> Vec<Checked> {
                 data_block_size: v.data_block_size,
                 hash_block_size: v.hash_block_size,
             }),
+            outside_sha256: f.verity.as_ref().and_then(|v| v.outside_sha256.clone()),
         })
         .collect()
 }
@@ -193,6 +200,7 @@ pub(crate) fn preview(plan: &Plan) -> Vec<Checked> {
                 Some(VeritySource::Params(p)) => Some(p.clone()),
                 _ => None,
             },
+            outside_sha256: None,
         })
         .collect()
 }

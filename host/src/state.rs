@@ -29,8 +29,10 @@ pub(crate) struct FileRecord {
     pub source: String,
     /// Node path of the installed file.
     pub path: String,
-    /// sha256 (hex) of its contents.
-    pub sha256: String,
+    /// sha256 (hex) of its contents; absent for a measured file whose sha256 was not pinned,
+    /// whose record is then its dm-verity tree ([`VerityRecord::outside_sha256`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     /// Size in bytes.
     pub size: u64,
     /// Filesystem found in the data partition (image, extension): `ext4`, `xfs` or `erofs`.
@@ -56,6 +58,10 @@ pub(crate) struct VerityRecord {
     pub data_block_size: u32,
     /// Hash block size.
     pub hash_block_size: u32,
+    /// sha256 (hex) of the file's bytes outside the data blocks (partition table, slack,
+    /// partition 2), in file order: with the tree, it covers every byte of the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outside_sha256: Option<String>,
 }
 
 /// One installed drop-in: one per runtime configuration the addon was installed for.
@@ -259,6 +265,9 @@ impl State {
         }
         for (i, f) in self.files.iter().enumerate() {
             check_file_path(&format!("files[{i}].path"), &f.path, &self.version_dir)?;
+            if f.sha256.is_none() && f.verity.as_ref().is_none_or(|v| v.outside_sha256.is_none()) {
+                bail!("files[{i}] has neither a sha256 nor a verity.outsideSha256: nothing to verify it by");
+            }
         }
         for (i, d) in self.drop_ins.iter().enumerate() {
             check_drop_in_path(&format!("dropIns[{i}].path"), &d.path)?;

@@ -19,6 +19,7 @@ const SHIM: &str = "qemu-snp-runtime-rs";
 const CONFIG: &str = "/opt/kata/share/defaults/kata-containers/runtime-rs/runtimes/qemu-snp-runtime-rs/configuration-qemu-snp-runtime-rs.toml";
 const COCO_PARAMS: &str = "root_hash=1111111111111111111111111111111111111111111111111111111111111111,salt=aa,data_blocks=8,data_block_size=4096,hash_block_size=4096";
 const BASE_PARAMS: &str = "root_hash=2222222222222222222222222222222222222222222222222222222222222222,salt=bb,data_blocks=8,data_block_size=4096,hash_block_size=4096";
+const STATE: &str = "/etc/kata-containers/addons/state.json";
 const DEVKIT: &str = "/opt/kata/share/kata-containers/kata-containers-devkit-extension.img";
 
 /// Kata's template with every @VAR@ filled as kata-deploy's build would (types as the
@@ -227,8 +228,7 @@ fn kata_deploy_snp_root_measured_image_and_extension() {
     );
     assert_eq!(eff["agent"]["kata"]["debug_console_enabled"].as_bool(), Some(true), "25-devkit.toml still in effect");
     let st: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(node.path("/etc/kata-containers/addons/state.json")).expect("state"))
-            .expect("state json");
+        serde_json::from_slice(&std::fs::read(node.path(STATE)).expect("state")).expect("state json");
     let files = st["files"].as_array().expect("files");
     assert_eq!(files[0]["filesystem"], "erofs");
     assert_eq!(files[0]["verity"]["rootHash"], gv.root_hash.as_str());
@@ -237,6 +237,32 @@ fn kata_deploy_snp_root_measured_image_and_extension() {
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let o = kata(&["install", "--configmap", &cm, "--root", &root]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("up to date"), "{}", show(&o));
+
+    // No sha256 was pinned, so a measured file's record is its dm-verity tree and the
+    // sha256 of its bytes outside the data blocks (its SHA-256 is not computed: one pass
+    // less over every byte). Every byte is still covered: an edit inside the data blocks
+    // or outside them is drift, and install puts the file back.
+    assert!(files[0].get("sha256").is_none(), "{st}");
+    assert!(files[0]["verity"]["outsideSha256"].as_str().is_some_and(|h| h.len() == 64), "{st}");
+    let installed_image = || {
+        let st: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(node.path(STATE)).expect("state")).expect("state json");
+        node.path(st["files"][0]["path"].as_str().expect("path"))
+    };
+    let data_start = disk::sfdisk_partitions(&installed_image()).expect("partitions")[0].1;
+    for (offset, says) in
+        [(data_start + 10 * 4096 + 5, "dm-verity: the dm-verity tree"), (100, "outside the dm-verity data blocks")]
+    {
+        disk::flip(&installed_image(), offset);
+        let o = kata(&["status", "--root", &root]);
+        assert_eq!(o.status.code(), Some(4), "byte {offset}: {}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains(says), "byte {offset}, {says}: {}", show(&o));
+        let o = kata(&["install", "--configmap", &cm, "--root", &root]);
+        assert!(o.status.success(), "{}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("was edited"), "byte {offset}: {}", show(&o));
+        let o = kata(&["status", "--root", &root]);
+        assert_eq!(o.status.code(), Some(0), "byte {offset}, after the repair: {}", show(&o));
+    }
 
     // A kata-deploy upgrade changes devkit's parameters underneath: status names the
     // stale entry (exit 4); install re-renders and the new entry is in effect.

@@ -14,6 +14,16 @@ fn params(v: &Verity) -> Params {
     Params::from_hex(&v.root_hash, &v.salt, v.data_blocks, v.data_block_size, v.hash_block_size).expect("params")
 }
 
+/// The sha256 of a disk's bytes outside `data_blocks` blocks from partition 1's start (by
+/// sfdisk), from the whole file.
+fn outside_sha256(path: &Path, v: &Verity) -> String {
+    let bytes = std::fs::read(path).expect("read disk");
+    let start =
+        disk::sfdisk_partitions(path).expect("partition table").iter().find(|p| p.0 == 1).expect("p1").1 as usize;
+    let end = (start + (v.data_blocks * u64::from(v.data_block_size)) as usize).min(bytes.len());
+    kata_addons_tests::sha256_hex(&[&bytes[..start], &bytes[end..]].concat())
+}
+
 /// The runner's decision on a disk, read afterwards and streamed; `Err` carries its message.
 fn ours(path: &Path, v: &Verity) -> (Result<verity::Verified, String>, Result<verity::Verified, String>, bool) {
     let p = params(v);
@@ -214,10 +224,27 @@ fn agrees_with_veritysetup_case_for_case() {
         {
             failures.push(format!("{}: the refusal must name the file and say {:?}: {msg}", c.name, c.says));
         }
+        // What install records of a measured file besides its tree: the sha256 of its
+        // bytes outside the data blocks, here computed from the whole file and sfdisk's
+        // partition 1, both ways.
+        if let Ok(found) = &after {
+            let want = outside_sha256(&c.disk, &c.verity);
+            for (how, got) in [("read afterwards", Some(found)), ("streamed", during.as_ref().ok())] {
+                if got.and_then(|g| g.outside_sha256.as_deref()) != Some(want.as_str()) {
+                    failures.push(format!("{}: {how}, outside_sha256 {got:?}, expected {want}", c.name));
+                }
+            }
+        }
         if c.accept && !streamed {
             failures.push(format!("{}: the tree was not computed while streaming", c.name));
         }
     }
+    // An edit the tree does not cover (after data_blocks, accepted by veritysetup too) is
+    // still an edit of the file: its outside sha256 differs.
+    let named = |n: &str| cases.iter().find(|c| c.name == n).expect("case");
+    let (base, slack) =
+        (named("GPT, erofs, 4096/4096"), named("flipped byte after data_blocks in partition 1 (not covered)"));
+    assert_ne!(outside_sha256(&base.disk, &base.verity), outside_sha256(&slack.disk, &slack.verity));
     // Shown with --nocapture (and on failure): the corpus, decision by decision.
     println!("{}", table.join("\n"));
     assert!(failures.is_empty(), "{}\n\n{}", failures.join("\n"), table.join("\n"));

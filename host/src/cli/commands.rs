@@ -156,7 +156,7 @@ async fn fetch_command(pull: &PullOptions, image: &str, paths: &[String], dest: 
         if !seen.insert(base.clone()) {
             bail!("two paths have the same file name {base:?}; fetch them separately");
         }
-        wanted.push(Wanted { path: p.clone(), dest_name: base, verity: None });
+        wanted.push(Wanted { path: p.clone(), dest_name: base, verity: None, sha256: true });
     }
     let place = dest.display().to_string();
     let report = fetch::Pull::new(pull).files(&image, &wanted, &dir, &place).await?;
@@ -165,7 +165,13 @@ async fn fetch_command(pull: &PullOptions, image: &str, paths: &[String], dest: 
     println!("trust {}", report.trust.summary());
     println!("layers read {} of {}", report.layers_read.len(), report.layer_count);
     for f in &report.files {
-        println!("{}  {}  {}  {}", f.sha256, f.size, dest.join(&f.dest_name).display(), f.path);
+        println!(
+            "{}  {}  {}  {}",
+            f.sha256.as_deref().unwrap_or("-"),
+            f.size,
+            dest.join(&f.dest_name).display(),
+            f.path
+        );
     }
     Ok(())
 }
@@ -182,7 +188,7 @@ fn print_install(outcome: &Outcome) {
         Outcome::Installed(st) => {
             println!("installed {} {} ({})", st.image, st.version, st.manifest_digest);
             for f in &st.files {
-                println!("  {:<7} {}  sha256 {}", f.kind, f.path, f.sha256);
+                println!("  {:<7} {}  {}", f.kind, f.path, install::describe_record(f));
             }
             for d in &st.drop_ins {
                 println!("  drop-in {}", d.path);

@@ -34,7 +34,7 @@ async fn read_raw(pass: &Pass<'_>, desc: &Descriptor, path: &str) -> Result<Capt
     let (tmp, file) = pass.temps.create()?;
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
     let (name, size) = (tmp.clone(), desc.size);
-    let stream = pass.streams.get(path).map(|p| crate::verity::Stream::new(p.clone()));
+    let stream = pass.streams.get(path).map(|m| crate::verity::Stream::new(m.params.clone()));
     let thread = tokio::task::spawn_blocking(move || super::raw::write_stream(file, &name, size, stream, rx));
     let streamed = match pass.source.open(desc).await {
         Ok(mut blob) => stream_verified(&mut blob, desc, tx).await,
@@ -44,7 +44,8 @@ async fn read_raw(pass: &Pass<'_>, desc: &Descriptor, path: &str) -> Result<Capt
     let res = match (streamed, written) {
         (Err(e), _) | (Ok(()), Err(e)) => Err(e),
         (Ok(()), Ok((n, streamed))) => {
-            Ok(Capture { tmp: tmp.clone(), sha256: desc.digest["sha256:".len()..].to_string(), size: n, streamed })
+            let sha256 = Some(desc.digest["sha256:".len()..].to_string());
+            Ok(Capture { tmp: tmp.clone(), sha256, size: n, streamed })
         }
     };
     if res.is_err() {

@@ -76,9 +76,8 @@ pub struct Pass<'a> {
     pub total: Arc<AtomicU64>,
     /// The merged index's budget.
     pub budget: Arc<IndexBudget>,
-    /// dm-verity parameters of files whose tree is computed while they are copied, by
-    /// normalised path.
-    pub streams: Arc<HashMap<String, crate::verity::Params>>,
+    /// Measured files, whose tree is computed while they are copied, by normalised path.
+    pub streams: Arc<HashMap<String, super::sink::Measured>>,
 }
 
 /// Streams layer `number` (blob `desc`, layers above it indexed in `upper`) through the

@@ -29,6 +29,9 @@ pub struct Wanted {
     /// dm-verity parameters known before the fetch (a measured image or extension): the
     /// tree is then computed while the file streams in ([`FetchedFile::streamed`]).
     pub verity: Option<crate::verity::Params>,
+    /// Whether the content's sha256 is computed ([`FetchedFile::sha256`]). Always for an
+    /// unmeasured file; for a measured one only when asked (a pinned sha256).
+    pub sha256: bool,
 }
 
 /// One file written.
@@ -38,8 +41,9 @@ pub struct FetchedFile {
     pub path: String,
     /// Name written in the destination directory.
     pub dest_name: String,
-    /// sha256 of the content (64 lowercase hex).
-    pub sha256: String,
+    /// sha256 of the content (64 lowercase hex); `None` for a measured file that did not
+    /// ask for it ([`Wanted::sha256`]).
+    pub sha256: Option<String>,
     /// Size in bytes.
     pub size: u64,
     /// The dm-verity tree computed while the file streamed in, when [`Wanted::verity`] was given.
@@ -88,9 +92,7 @@ pub async fn extract(
         temps,
         total: Arc::new(AtomicU64::new(0)),
         budget: Arc::new(IndexBudget::new(limits.max_index_entries, limits.max_index_bytes)),
-        streams: Arc::new(
-            paths.iter().zip(wanted).filter_map(|(p, w)| w.verity.clone().map(|v| (p.clone(), v))).collect(),
-        ),
+        streams: Arc::new(measured_paths(paths, wanted)),
     };
     let captured = match &resolved.artifact {
         Some(artifact) => super::artifact::extract(&pass, resolved, artifact, paths).await?,
@@ -105,6 +107,24 @@ pub async fn extract(
     };
     let files = hand_out(&pass, wanted, &captured.files)?;
     Ok(Extracted { files, layers_read: captured.layers_read })
+}
+
+/// The measured files by normalised path. A path wanted twice (as two destinations) is
+/// hashed when either asks for it.
+fn measured_paths(paths: &[String], wanted: &[Wanted]) -> HashMap<String, super::sink::Measured> {
+    let mut out = HashMap::new();
+    for (p, w) in paths.iter().zip(wanted) {
+        if let Some(v) = &w.verity {
+            out.insert(p.clone(), super::sink::Measured { params: v.clone(), sha256: w.sha256 });
+        }
+    }
+    for (p, w) in paths.iter().zip(wanted) {
+        match out.get_mut(p) {
+            Some(m) if w.sha256 || w.verity.as_ref() != Some(&m.params) => m.sha256 = true,
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Every blob read was verified: renames the captured files to their destination names
@@ -162,4 +182,36 @@ fn set_mode_0644(dir: &Dir, name: &str) -> Result<()> {
 
 fn sync_dir(dir: &Dir) -> Result<()> {
     crate::node::fsync_dir(dir).context("fsync of the destination directory")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(salt: &str) -> crate::verity::Params {
+        crate::verity::Params::from_hex(&"ab".repeat(32), salt, 8, 4096, 4096).expect("params")
+    }
+
+    fn wanted(path: &str, verity: Option<crate::verity::Params>, sha256: bool) -> Wanted {
+        Wanted { path: path.into(), dest_name: path.replace('/', "_"), verity, sha256 }
+    }
+
+    #[test]
+    fn a_measured_file_is_hashed_only_when_a_destination_asks() {
+        let paths: Vec<String> = ["img", "img", "pinned", "other"].iter().map(|s| s.to_string()).collect();
+        let only = measured_paths(&paths[..1], &[wanted("img", Some(params("aa")), false)]);
+        assert_eq!(only.get("img").map(|m| m.sha256), Some(false));
+        let w = [
+            wanted("img", Some(params("aa")), false),
+            wanted("img", None, true),
+            wanted("pinned", Some(params("aa")), true),
+            wanted("other", None, true),
+        ];
+        let m = measured_paths(&paths, &w);
+        assert_eq!(m.get("img").map(|m| m.sha256), Some(true), "wanted unmeasured as well: hashed");
+        assert_eq!(m.get("pinned").map(|m| m.sha256), Some(true));
+        assert!(!m.contains_key("other"));
+        let w = [wanted("img", Some(params("aa")), false), wanted("img", Some(params("bb")), false)];
+        assert_eq!(measured_paths(&paths[..2], &w).get("img").map(|m| m.sha256), Some(true), "two trees: hashed");
+    }
 }

@@ -45,9 +45,8 @@ pub struct LayerJob {
     pub max_decompressed: u64,
     /// The merged index's budget (shared across layers).
     pub budget: Arc<IndexBudget>,
-    /// dm-verity parameters of files whose tree is computed while they are copied, by
-    /// normalised path.
-    pub streams: Arc<HashMap<String, crate::verity::Params>>,
+    /// Measured files, whose tree is computed while they are copied, by normalised path.
+    pub streams: Arc<HashMap<String, super::sink::Measured>>,
 }
 
 /// What one layer pass produced.
@@ -305,7 +304,7 @@ mod tests {
         let out = out.expect("walks");
         let c = &out.captures["boot/vmlinuz"];
         assert_eq!(std::fs::read(tmp.path().join(&c.tmp)).expect("read"), big);
-        assert_eq!((c.sha256.as_str(), c.size), (crate::hash::sha256_hex(&big).as_str(), big.len() as u64));
+        assert_eq!((c.sha256.as_deref(), c.size), (Some(crate::hash::sha256_hex(&big).as_str()), big.len() as u64));
 
         let mut tar = Vec::new();
         entry(&mut tar, "boot/vmlinuz", tar::EntryType::Regular, &big);

@@ -34,13 +34,25 @@ const VERITY_DEPTH: usize = 16;
 /// Bytes written to a captured file between two requests to start writing them back.
 pub(crate) const WRITEBACK_STEP: u64 = 4 << 20;
 
+/// A measured file (an image or extension whose dm-verity parameters are known before the
+/// fetch): its tree is computed as it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Measured {
+    /// The parameters the tree is computed with.
+    pub params: crate::verity::Params,
+    /// Whether its sha256 is computed too: only when pinned, since the tree and the
+    /// sha256 of the bytes outside the data blocks are its integrity record (a third pass
+    /// over every byte cost 1.3x the unmeasured install on 2 cores, issue 18).
+    pub sha256: bool,
+}
+
 /// A file copied out of a layer into a temporary file.
 #[derive(Debug, Clone)]
 pub struct Capture {
     /// Temporary file name in the destination.
     pub tmp: String,
-    /// sha256 (hex) of the content.
-    pub sha256: String,
+    /// sha256 (hex) of the content; `None` for a measured file that did not ask for it.
+    pub sha256: Option<String>,
     /// Size in bytes.
     pub size: u64,
     /// The dm-verity tree computed while the file was copied (measured images only).
@@ -50,9 +62,9 @@ pub struct Capture {
 /// What the walker asks of the writer.
 enum Msg {
     /// Start the temporary file of a path: a new one, or the one an earlier copy of the
-    /// same path in this layer used (truncated); with the dm-verity parameters of a
-    /// measured image, whose tree is computed as it is written.
-    Begin(String, Option<crate::verity::Params>),
+    /// same path in this layer used (truncated); for a measured image, its tree is
+    /// computed as it is written.
+    Begin(String, Option<Measured>),
     /// The next bytes of the file begun last.
     Data(Bytes),
     /// The file begun last is complete.
@@ -92,9 +104,9 @@ impl<'scope, 'env> Sink<'scope, 'env> {
         tx.send(m).map_err(|_| anyhow!("the file writer stopped"))
     }
 
-    /// Starts (or restarts) the copy of `path`, computing its dm-verity tree if `verity`.
-    pub(crate) fn begin(&mut self, path: &str, verity: Option<crate::verity::Params>) -> Result<()> {
-        self.send(Msg::Begin(path.to_string(), verity))
+    /// Starts (or restarts) the copy of `path`, computing its dm-verity tree if `measured`.
+    pub(crate) fn begin(&mut self, path: &str, measured: Option<Measured>) -> Result<()> {
+        self.send(Msg::Begin(path.to_string(), measured))
     }
 
     /// Queues the next bytes of the file begun last.
@@ -128,7 +140,7 @@ struct Current {
     path: String,
     tmp: String,
     file: cap_std::fs::File,
-    hasher: crate::hash::Sha256,
+    hasher: Option<crate::hash::Sha256>,
     verity: Option<VerityThread>,
     size: u64,
     started: u64,
@@ -167,7 +179,7 @@ fn apply(
     use std::io::Seek;
     for msg in rx {
         match msg {
-            Msg::Begin(path, verity) => {
+            Msg::Begin(path, measured) => {
                 captures.remove(&path);
                 let (tmp, file) = match open.remove(&path) {
                     Some((tmp, mut file)) => {
@@ -177,8 +189,8 @@ fn apply(
                     }
                     None => temps.create()?,
                 };
-                let verity = verity.map(VerityThread::start).transpose()?;
-                let hasher = crate::hash::Sha256::new();
+                let hasher = measured.as_ref().is_none_or(|m| m.sha256).then(crate::hash::Sha256::new);
+                let verity = measured.map(|m| VerityThread::start(m.params)).transpose()?;
                 *cur = Some(Current { path, tmp, file, hasher, verity, size: 0, started: 0 });
             }
             Msg::Data(chunk) => {
@@ -186,7 +198,9 @@ fn apply(
                 if let Some(v) = &c.verity {
                     v.send(chunk.clone());
                 }
-                c.hasher.update(&chunk);
+                if let Some(h) = &mut c.hasher {
+                    h.update(&chunk);
+                }
                 c.file.write_all(&chunk).with_context(|| format!("write temporary file {}", c.tmp))?;
                 c.size += chunk.len() as u64;
                 if c.size - c.started >= WRITEBACK_STEP {
@@ -197,7 +211,8 @@ fn apply(
             Msg::End => {
                 let c = cur.take().context("internal: end of a file sent outside a file")?;
                 let streamed = c.verity.and_then(VerityThread::finish);
-                let capture = Capture { tmp: c.tmp.clone(), sha256: c.hasher.finish_hex(), size: c.size, streamed };
+                let sha256 = c.hasher.map(crate::hash::Sha256::finish_hex);
+                let capture = Capture { tmp: c.tmp.clone(), sha256, size: c.size, streamed };
                 captures.insert(c.path.clone(), capture);
                 open.insert(c.path, (c.tmp, c.file));
             }

@@ -5,6 +5,7 @@ use std::io::ErrorKind;
 use anyhow::{Context, Result};
 
 use super::discovery::open_addons;
+use super::integrity::Finding;
 use crate::node::{self, Root, Site};
 use crate::runtime;
 use crate::state::{self, DropInRecord, State};
@@ -168,7 +169,12 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
     };
     for f in &st.files {
         problems.extend(match artifacts {
-            Depth::Hash => hashed(&f.path, &f.sha256),
+            Depth::Hash => match super::integrity::check(root.dir(), &node::rel_path(&f.path), f) {
+                Ok(Finding::Intact) => None,
+                Ok(Finding::Differs(what)) => Some(format!("{}: {what}", f.path)),
+                Ok(Finding::Missing) => Some(format!("{}: missing", f.path)),
+                Err(e) => Some(format!("{}: {e:#}", f.path)),
+            },
             Depth::Size => sized(&f.path, f.size),
         });
     }

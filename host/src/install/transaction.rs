@@ -14,6 +14,7 @@ use cap_std::fs::Dir;
 
 use super::discovery::{known_config_dirs, open_dir_if_exists, our_drop_ins, version_dirs};
 use super::facts::{FileFacts, FileMeta, Observed};
+use super::integrity::Finding;
 use super::sweep::{STAGING_PREFIX, sweep_leftovers, tmp_drop_in_name};
 use super::target::{Target, target};
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
@@ -360,7 +361,7 @@ impl<'a> Transaction<'a> {
         &self,
         dir_name: &str,
         manifest_digest: String,
-        files: &[(String, u64)],
+        files: &[(Option<String>, u64)],
         checked: &[crate::measured::Checked],
         drop_ins: Vec<DropInRecord>,
         trust: TrustRecord,
@@ -472,7 +473,7 @@ impl<'a> Transaction<'a> {
 }
 
 /// Fetches the plan's artifacts into `staging` and checks pinned checksums.
-/// Returns the manifest digest, `(sha256, size)` per artifact in plan order, the trust
+/// Returns the manifest digest, `(sha256, size)` (no sha256 for a measured file that did not pin one) per artifact in plan order, the trust
 /// decision that admitted the image, and what the check of each image and extension found
 /// (the guest's own view of the file, before the commit point).
 async fn stage(
@@ -481,7 +482,7 @@ async fn stage(
     plan: &Plan,
     t: &Target,
     staging: &str,
-) -> Result<(String, Vec<(String, u64)>, TrustRecord, Vec<crate::measured::Checked>)> {
+) -> Result<(String, Vec<(Option<String>, u64)>, TrustRecord, Vec<crate::measured::Checked>)> {
     let dir = t.addons.open_dir(staging).with_context(|| format!("opening {staging}"))?;
     let wanted: Vec<Wanted> = crate::measured::wanted(plan)?;
     let started = Instant::now();
@@ -503,7 +504,7 @@ async fn stage(
             .find(|f| f.dest_name == a.file_name)
             .with_context(|| format!("the fetch did not produce {}", a.source))?;
         if let Some(expected) = &a.sha256
-            && &f.sha256 != expected
+            && f.sha256.as_ref() != Some(expected)
         {
             bail!(
                 "checksum mismatch for {} {} in {}: expected sha256 {expected} ({}Sha256), got {}; nothing was installed",
@@ -511,10 +512,11 @@ async fn stage(
                 a.source,
                 plan.image,
                 a.kind,
-                f.sha256
+                f.sha256.as_deref().unwrap_or("(not computed)")
             );
         }
-        tracing::info!(step = "verify", kind = %a.kind, source = %a.source, sha256 = %f.sha256, size = f.size, "verified");
+        let sha256 = f.sha256.as_deref().unwrap_or("(measured: its dm-verity tree is the record)");
+        tracing::info!(step = "verify", kind = %a.kind, source = %a.source, sha256, size = f.size, "verified");
         out.push((f.sha256.clone(), f.size));
     }
     let checked = crate::measured::check_staged(&dir, plan, &report.files)?;
@@ -563,7 +565,7 @@ fn file_drift(plan: &Plan, st: &State, t: &Target, known: &FileFacts, obs: &mut 
             drift = Some(format!("the recorded {} {} is not what the plan asks for", rec.kind, rec.path));
             break;
         }
-        if a.sha256.as_ref().is_some_and(|s| s != &rec.sha256) {
+        if a.sha256.as_ref().is_some_and(|s| Some(s) != rec.sha256.as_ref()) {
             drift = Some(format!("the recorded {} does not have the pinned sha256", rec.kind));
             break;
         }
@@ -579,17 +581,15 @@ fn file_drift(plan: &Plan, st: &State, t: &Target, known: &FileFacts, obs: &mut 
             continue;
         }
         hashed += 1;
-        let why = match node::hash_file(&t.addons, &rel) {
-            Ok(Some((sha, _))) if sha == rec.sha256 => {
+        let why = match super::integrity::check(&t.addons, &rel, rec) {
+            Ok(Finding::Intact) => {
                 if let Some(m) = meta {
                     facts.insert(rec.path.clone(), m);
                 }
                 continue;
             }
-            Ok(Some((sha, _))) => {
-                format!("{} {} was edited (sha256 {sha}, expected {})", rec.kind, rec.path, rec.sha256)
-            }
-            Ok(None) => format!("{} {} was missing", rec.kind, rec.path),
+            Ok(Finding::Differs(what)) => format!("{} {} was edited ({what})", rec.kind, rec.path),
+            Ok(Finding::Missing) => format!("{} {} was missing", rec.kind, rec.path),
             Err(e) => format!("{} {} is unusable ({e:#})", rec.kind, rec.path),
         };
         drift = Some(why);

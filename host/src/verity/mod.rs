@@ -71,6 +71,11 @@ pub struct Verified {
     pub table: Option<&'static str>,
     /// The root hash the tree gave (64 hex), when measured.
     pub root_hash: Option<String>,
+    /// When measured, the sha256 (64 hex) of every byte of the file outside the data
+    /// blocks (partition table, slack, partition 2), in file order: with the tree it
+    /// covers the whole file, so it is the integrity record of a measured file
+    /// ([`outside_sha256`]).
+    pub outside_sha256: Option<String>,
 }
 
 /// A file the guest could not use as configured: exit 1, naming the file and what differs.
@@ -132,7 +137,7 @@ pub fn check(
                 .map_err(io)?
                 .map_err(|e| refuse(name, format!("{what} (no partition table) {e}")))?;
             erofs_only(name, fs)?;
-            Ok(Verified { filesystem: fs, table: None, root_hash: None })
+            Ok(Verified { filesystem: fs, table: None, root_hash: None, outside_sha256: None })
         }
         (Role::Extension, Some(_), None) => Err(refuse(
             name,
@@ -169,7 +174,11 @@ pub fn check(
                 }
                 Some(p) => Some(verify_tree(f, name, &t, p1, p, streamed)?),
             };
-            Ok(Verified { filesystem: fs, table: Some(t.kind.as_str()), root_hash })
+            let outside_sha256 = match params {
+                Some(p) => Some(outside_sha256(f, len, p1.start, p).map_err(io)?),
+                None => None,
+            };
+            Ok(Verified { filesystem: fs, table: Some(t.kind.as_str()), root_hash, outside_sha256 })
         }
     }
 }
@@ -258,4 +267,28 @@ fn verify_tree(
         return Err(refuse(name, d));
     }
     Ok(computed)
+}
+
+/// The sha256 (64 hex) of the bytes of a measured file (`len` bytes) outside its data
+/// blocks: before partition 1 (`data_start`), then from the end of the `data_blocks`
+/// blocks to the end of the file. The tree covers the data blocks and this the rest, so a
+/// measured file's bytes are each hashed once at install (the blob's SHA-256 aside) and
+/// any edit is found later. Only the small outside ranges are read.
+pub(crate) fn outside_sha256(f: &File, len: u64, data_start: u64, p: &Params) -> std::io::Result<String> {
+    let data_end = p
+        .data_blocks
+        .checked_mul(u64::from(p.data_block_size))
+        .and_then(|n| n.checked_add(data_start))
+        .map_or(len, |e| e.min(len));
+    let mut h = crate::hash::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for (mut off, end) in [(0, data_start.min(len)), (data_end, len)] {
+        while off < end {
+            let n = (end - off).min(buf.len() as u64) as usize;
+            read_at(f, off, &mut buf[..n])?;
+            h.update(&buf[..n]);
+            off += n as u64;
+        }
+    }
+    Ok(h.finish_hex())
 }
