@@ -265,6 +265,21 @@ impl State {
         }
         for (i, f) in self.files.iter().enumerate() {
             check_file_path(&format!("files[{i}].path"), &f.path, &self.version_dir)?;
+            if let Some(v) = &f.verity {
+                // The parameters a drift check verifies the file with: as bounded as the
+                // policy's (block sizes 512..=4096), through the one parser of the format.
+                let text = kata_addons_facts::verity::VerityParams {
+                    root_hash: v.root_hash.clone(),
+                    salt: v.salt.clone(),
+                    data_blocks: v.data_blocks,
+                    data_block_size: v.data_block_size,
+                    hash_block_size: v.hash_block_size,
+                }
+                .to_string();
+                if let Err(e) = kata_addons_facts::verity::parse(&text) {
+                    bail!("files[{i}].verity is not usable dm-verity parameters: {e}");
+                }
+            }
             if f.sha256.is_none() && f.verity.as_ref().is_none_or(|v| v.outside_sha256.is_none()) {
                 bail!("files[{i}] has neither a sha256 nor a verity.outsideSha256: nothing to verify it by");
             }
@@ -324,5 +339,37 @@ mod tests {
         assert!(format!("{err:#}").contains("a newer kata-addons wrote it"), "{err:#}");
         assert!(format!("{err:#}").contains("kata-addons uninstall"), "{err:#}");
         assert!(parse("{").is_err());
+    }
+
+    #[test]
+    fn a_measured_file_needs_usable_parameters_and_something_to_verify_it_by() {
+        let state = |file: &str| {
+            format!(
+                r#"{{"schema": 2, "image": "quay.io/x/y:v1", "manifestDigest": "sha256:00", "version": "v1",
+                "provider": "snp", "versionDir": "v1-00", "files": [{file}],
+                "dropIns": [{{"runtimeConfig": "/opt/kata/share/defaults/kata-containers/configuration-qemu-snp.toml",
+                  "path": "/opt/kata/share/defaults/kata-containers/config.d/50-kata-addons.toml", "sha256": "cd"}}]}}"#
+            )
+        };
+        let file = |verity: &str| {
+            format!(
+                r#"{{"kind": "image", "source": "/i", "path": "/etc/kata-containers/addons/v1-00/image", "size": 3,
+                "verity": {verity}}}"#
+            )
+        };
+        let root = "ab".repeat(32);
+        let verity = |hash_block_size: u64, outside: bool| {
+            let outside = if outside { format!(r#", "outsideSha256": "{root}""#) } else { String::new() };
+            format!(
+                r#"{{"rootHash": "{root}", "salt": "aa", "dataBlocks": 8, "dataBlockSize": 4096,
+                "hashBlockSize": {hash_block_size}{outside}}}"#
+            )
+        };
+        let st = parse(&state(&file(&verity(4096, true)))).expect("parses");
+        st.validate().expect("a measured file recorded by its tree is valid");
+        let err = parse(&state(&file(&verity(1 << 31, true)))).expect("parses").validate().expect_err("refused");
+        assert!(format!("{err:#}").contains("files[0].verity is not usable"), "{err:#}");
+        let err = parse(&state(&file(&verity(4096, false)))).expect("parses").validate().expect_err("refused");
+        assert!(format!("{err:#}").contains("neither a sha256 nor"), "{err:#}");
     }
 }
