@@ -50,7 +50,11 @@ fn daemon_installs_follows_changes_keeps_last_good_and_exits_on_sigterm() {
         if let Some(s) = d.child.try_wait().expect("try_wait") {
             break s.code();
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "daemon did not exit on SIGTERM: {}", d.log());
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "daemon did not exit on SIGTERM (a failure detector, not a timing bound): {}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(code, Some(0), "{}", d.log());
