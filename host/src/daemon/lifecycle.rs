@@ -139,7 +139,6 @@ impl Run<'_> {
             }
             Claim::Taken(owner) => self.owned(owner),
         }
-        self.publish()?;
         self.main_loop(stop).await
     }
 
@@ -155,6 +154,10 @@ impl Run<'_> {
         tokio::pin!(resync);
         let verify = tokio::time::sleep(o.verify_interval);
         tokio::pin!(verify);
+        // Ready only once the directories are watched: a change right after readiness
+        // must not fall between the two (it would wait for the next resync).
+        self.refresh_watch(&mut dirs);
+        self.publish()?;
         loop {
             self.refresh_watch(&mut dirs);
             let go_on = tokio::select! {
