@@ -229,9 +229,9 @@ pub(crate) fn write_atomic(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
     result
 }
 
-/// sha256 (hex) and size of a regular file, read in chunks; `None` if it is missing.
-/// A symlink or other non-regular entry is an error.
-pub(crate) fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>> {
+/// Opens a regular file for reading; `None` if it is missing. A symlink or other
+/// non-regular entry is an error.
+pub(crate) fn open_regular(dir: &Dir, name: &Path) -> Result<Option<cap_std::fs::File>> {
     let meta = match dir.symlink_metadata(name) {
         Ok(m) => m,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -240,7 +240,13 @@ pub(crate) fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>>
     if !meta.is_file() {
         bail!("{} is not a regular file", name.display());
     }
-    let mut f = dir.open(name).with_context(|| format!("opening {}", name.display()))?;
+    dir.open(name).map(Some).with_context(|| format!("opening {}", name.display()))
+}
+
+/// sha256 (hex) and size of a regular file, read in chunks; `None` if it is missing.
+/// A symlink or other non-regular entry is an error.
+pub(crate) fn hash_file(dir: &Dir, name: &Path) -> Result<Option<(String, u64)>> {
+    let Some(mut f) = open_regular(dir, name)? else { return Ok(None) };
     let mut h = crate::hash::Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut size = 0u64;

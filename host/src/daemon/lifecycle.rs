@@ -154,12 +154,11 @@ impl Run<'_> {
         tokio::pin!(resync);
         let verify = tokio::time::sleep(o.verify_interval);
         tokio::pin!(verify);
-        // Ready only once the directories are watched: a change right after readiness
-        // must not fall between the two (it would wait for the next resync).
+        // Watch first, then publish (here and after each event): a change right after
+        // readiness must not fall between the two (it would wait for the next resync).
         self.refresh_watch(&mut dirs);
         self.publish()?;
         loop {
-            self.refresh_watch(&mut dirs);
             let go_on = tokio::select! {
                 s = stop.wait() => {
                     tracing::info!("{s}: exiting, install kept");
@@ -187,6 +186,7 @@ impl Run<'_> {
             if !go_on {
                 return Ok(());
             }
+            self.refresh_watch(&mut dirs);
             self.publish()?;
         }
     }

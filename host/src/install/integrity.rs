@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use cap_std::fs::Dir;
 
 use crate::node;
@@ -35,7 +35,7 @@ pub(crate) fn check(dir: &Dir, rel: &Path, rec: &FileRecord) -> Result<Finding> 
             Some((sha, _)) => Finding::Differs(format!("sha256 {sha}, expected {expected}")),
         });
     }
-    let (Some(v), Some(outside)) = (&rec.verity, rec.verity.as_ref().and_then(|v| v.outside_sha256.as_ref())) else {
+    let Some((v, outside)) = rec.verity.as_ref().and_then(|v| Some((v, v.outside_sha256.as_ref()?))) else {
         bail!("the state records neither a sha256 nor a dm-verity record for {}", rec.path);
     };
     let role = match rec.kind {
@@ -45,15 +45,8 @@ pub(crate) fn check(dir: &Dir, rel: &Path, rec: &FileRecord) -> Result<Finding> 
             bail!("the state records a dm-verity tree for the {} {}, which is never measured", rec.kind, rec.path)
         }
     };
-    let meta = match dir.symlink_metadata(rel) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Finding::Missing),
-        Err(e) => return Err(e).with_context(|| format!("inspecting {}", rel.display())),
-    };
-    if !meta.is_file() {
-        bail!("{} is not a regular file", rel.display());
-    }
-    let file = dir.open(rel).with_context(|| format!("opening {}", rel.display()))?.into_std();
+    let Some(file) = node::open_regular(dir, rel)? else { return Ok(Finding::Missing) };
+    let file = file.into_std();
     let params = verity::Params::from_hex(&v.root_hash, &v.salt, v.data_blocks, v.data_block_size, v.hash_block_size)
         .map_err(|e| anyhow::anyhow!("the state's dm-verity parameters for {}: {e}", rec.path))?;
     let found = match verity::check(&file, &rec.path, role, Some(&params), None) {

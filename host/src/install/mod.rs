@@ -3,7 +3,8 @@
 //! Rooms: [`transaction`] (the atomic switch of DESIGN.md §4), [`target`] (where a plan
 //! goes on this node), [`discovery`] (where kata-addons' files are on a node),
 //! [`sweep`] (what killed runs left behind), [`facts`] (what an install learns for the
-//! daemon), [`integrity`] (an installed file against its record), [`owner`] (the daemon owning a node root), [`uninstall`] and [`status`].
+//! daemon), [`integrity`] (an installed file against its record), [`owner`] (the daemon
+//! owning a node root), [`uninstall`] and [`status`].
 
 pub mod discovery;
 pub mod facts;

@@ -473,9 +473,10 @@ impl<'a> Transaction<'a> {
 }
 
 /// Fetches the plan's artifacts into `staging` and checks pinned checksums.
-/// Returns the manifest digest, `(sha256, size)` (no sha256 for a measured file that did not pin one) per artifact in plan order, the trust
-/// decision that admitted the image, and what the check of each image and extension found
-/// (the guest's own view of the file, before the commit point).
+/// Returns the manifest digest, `(sha256, size)` per artifact in plan order (no sha256 for
+/// a measured file that did not pin one), the trust decision that admitted the image, and
+/// what the check of each image and extension found (the guest's own view of the file,
+/// before the commit point).
 async fn stage(
     pull: &Pull<'_>,
     image: &ImageRef,

@@ -73,8 +73,7 @@ pub struct Verified {
     pub root_hash: Option<String>,
     /// When measured, the sha256 (64 hex) of every byte of the file outside the data
     /// blocks (partition table, slack, partition 2), in file order: with the tree it
-    /// covers the whole file, so it is the integrity record of a measured file
-    /// ([`outside_sha256`]).
+    /// covers the whole file, so it is the integrity record of a measured file.
     pub outside_sha256: Option<String>,
 }
 
@@ -161,7 +160,7 @@ pub fn check(
             if role == Role::Extension {
                 erofs_only(name, fs)?;
             }
-            let root_hash = match params {
+            let (root_hash, outside_sha256) = match params {
                 None => {
                     if role == Role::Extension && t.p2.is_some() {
                         return Err(refuse(
@@ -170,13 +169,12 @@ pub fn check(
                              refuses to mount it unverified (give extensionVerityParams or extensionVerityPath)",
                         ));
                     }
-                    None
+                    (None, None)
                 }
-                Some(p) => Some(verify_tree(f, name, &t, p1, p, streamed)?),
-            };
-            let outside_sha256 = match params {
-                Some(p) => Some(outside_sha256(f, len, p1.start, p).map_err(io)?),
-                None => None,
+                Some(p) => {
+                    let (root, data_bytes) = verify_tree(f, name, &t, p1, p, streamed)?;
+                    (Some(root), Some(outside_sha256(f, len, p1.start, data_bytes).map_err(io)?))
+                }
             };
             Ok(Verified { filesystem: fs, table: Some(t.kind.as_str()), root_hash, outside_sha256 })
         }
@@ -193,7 +191,8 @@ fn erofs_only(name: &str, fs: Filesystem) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Verifies the tree over partition 1 against `p` and the hash area on partition 2.
+/// Verifies the tree over partition 1 against `p` and the hash area on partition 2: the
+/// root hash and the bytes of data the tree covers.
 fn verify_tree(
     f: &File,
     name: &str,
@@ -201,7 +200,7 @@ fn verify_tree(
     p1: Part,
     p: &Params,
     streamed: Option<Streamed>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<(String, u64)> {
     let Some(p2) = t.p2 else {
         return Err(refuse(
             name,
@@ -266,20 +265,16 @@ fn verify_tree(
     if let Some(d) = diff {
         return Err(refuse(name, d));
     }
-    Ok(computed)
+    Ok((computed, data_bytes))
 }
 
 /// The sha256 (64 hex) of the bytes of a measured file (`len` bytes) outside its data
-/// blocks: before partition 1 (`data_start`), then from the end of the `data_blocks`
-/// blocks to the end of the file. The tree covers the data blocks and this the rest, so a
+/// blocks: before partition 1 (`data_start`), then from the end of the verified
+/// `data_bytes` to the end of the file. The tree covers the data blocks and this the rest, so a
 /// measured file's bytes are each hashed once at install (the blob's SHA-256 aside) and
 /// any edit is found later. Only the small outside ranges are read.
-pub(crate) fn outside_sha256(f: &File, len: u64, data_start: u64, p: &Params) -> std::io::Result<String> {
-    let data_end = p
-        .data_blocks
-        .checked_mul(u64::from(p.data_block_size))
-        .and_then(|n| n.checked_add(data_start))
-        .map_or(len, |e| e.min(len));
+fn outside_sha256(f: &File, len: u64, data_start: u64, data_bytes: u64) -> std::io::Result<String> {
+    let data_end = data_start.saturating_add(data_bytes).min(len);
     let mut h = crate::hash::Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     for (mut off, end) in [(0, data_start.min(len)), (data_end, len)] {
