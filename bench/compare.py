@@ -27,7 +27,7 @@ MiB = 1 << 20
 KERNEL = "/boot/vmlinuz"
 INITRD = "/boot/initrd.img"
 REPO = "bench"
-# Full scale (the issue's images) and a quick smoke scale.
+# Full scale (the reference images: BENCHMARKS.md) and a quick smoke scale.
 SCALES = {
     "full": {"fill": 48 * MiB, "kernel": 8 * MiB, "initrd": 24 * MiB, "end_filler": 160 * MiB, "base": 4},
     "quick": {"fill": 6 * MiB, "kernel": 1 * MiB, "initrd": 3 * MiB, "end_filler": 20 * MiB, "base": 4},
@@ -408,7 +408,7 @@ NAMES = {
     "podman": "podman pull + create + cp (vfs)",
     "floor": "floor (curl \\| gzip -dc)",
 }
-# Issue 21's goals: (case, peer, least ratio peer / ours), and the peak RSS of ours.
+# The goals against the peers: (case, peer, least ratio peer / ours), and the peak RSS of ours.
 GOALS = [("top", "reference", 25), ("top", "podman", 20), ("end", "reference", 12), ("end", "podman", 8)]
 RSS_GOAL_MIB = 32
 
@@ -483,7 +483,7 @@ def report(a):
     goals = [(c, peer, want) for c, peer, want in GOALS if c in res and peer in res[c]]
     if goals:
         lines.append("")
-        lines.append("| goal (issue 21) | result (median ratio; per-run range) | |")
+        lines.append("| goal | result (median ratio; per-run range) | |")
         lines.append("| --- | --- | --- |")
         for c, peer, want in goals:
             r = ratio(res, c, peer)

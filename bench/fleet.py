@@ -187,7 +187,7 @@ def main():
         if begin in doc and end in doc:
             doc = doc[: doc.index(begin)] + block + doc[doc.index(end) + len(end):]
         else:
-            doc = doc.rstrip("\n") + "\n\n## Many nodes, one registry (issue 13)\n\n" + block + "\n"
+            doc = doc.rstrip("\n") + "\n\n## Many nodes, one registry\n\n" + block + "\n"
         with open(a.write, "w") as f:
             f.write(doc)
     if any(r["ok"] != r["n"] or not r["exact"] for r in rows):

@@ -122,7 +122,7 @@ def main():
         if BEGIN in text and END in text:
             text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: table, text, flags=re.S)
         else:
-            text = text.rstrip("\n") + "\n\n## Hostile layers, release binary (issue 10)\n\n" + table + "\n"
+            text = text.rstrip("\n") + "\n\n## Hostile layers, release binary\n\n" + table + "\n"
         with open(path, "w") as f:
             f.write(text)
         print(f"updated {path}", file=sys.stderr)

@@ -1,6 +1,7 @@
-//! Small grammars of the contract (DESIGN §2): how a value is read, clean absolute paths,
-//! versions, tags, sha256 values and Kata configuration file names. Each is defined here
-//! once; the policy guest turns a refusal into a violation, the runner into an error.
+//! Small grammars of the contract (docs/design.md#configmap-keys): how a value is read,
+//! clean absolute paths, versions, tags, sha256 values and Kata configuration file names.
+//! Each is defined here once; the policy guest turns a refusal into a violation, the runner
+//! into an error.
 
 use alloc::string::String;
 use core::fmt;

@@ -1,5 +1,6 @@
 //! Node layout: where kata-addons installs, what it names its drop-in, and where the
-//! standard Kata runtime configurations of each provider live (DESIGN §3, §4, §6).
+//! standard Kata runtime configurations of each provider live (docs/design.md#host-layout,
+//! docs/design.md#kata-layouts).
 
 use alloc::format;
 use alloc::string::String;

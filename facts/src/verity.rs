@@ -1,4 +1,4 @@
-//! dm-verity parameters in Kata's `kernel_verity_params` form (DESIGN §2, §3a):
+//! dm-verity parameters in Kata's `kernel_verity_params` form (docs/design.md#measured-guests):
 //! `root_hash=<hex>,salt=<hex>,data_blocks=<n>,data_block_size=<n>,hash_block_size=<n>`.
 //!
 //! Accepted is what Kata's `parse_kernel_verity_params` (kata-types, and the Go runtime's

@@ -1,5 +1,5 @@
-//! Measured guests (DESIGN §2, §3a): the dm-verity keys of the guest image, the guest
-//! extension image keys, and what the drop-in sets for them.
+//! Measured guests (docs/design.md#measured-guests): the dm-verity keys of the guest
+//! image, the guest extension image keys, and what the drop-in sets for them.
 //!
 //! Validation here, for [`crate::policy`]: verity keys only beside their artifact,
 //! `*VerityParams` and `*VerityPath` never together, parameters through the one shared

@@ -1,4 +1,4 @@
-//! The measured-guest rules of DESIGN §2 and §3a: keys, validation, and the drop-in.
+//! The measured-guest rules of docs/design.md#measured-guests: keys, validation, and the drop-in.
 
 use alloc::string::String;
 use alloc::vec::Vec;

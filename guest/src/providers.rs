@@ -1,5 +1,6 @@
-//! Provider facts (DESIGN §3): which artifacts each provider boots, and where its standard
-//! runtime configurations live (the node layout itself is in `kata-addons-facts`).
+//! Provider facts (docs/design.md#providers): which artifacts each provider boots, and
+//! where its standard runtime configurations live (the node layout itself is in
+//! `kata-addons-facts`).
 
 use alloc::string::String;
 use alloc::vec::Vec;

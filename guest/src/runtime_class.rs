@@ -1,7 +1,7 @@
-//! `runtimeClass` / `ADDON_RUNTIME_CLASS` (DESIGN §2): comma-separated RuntimeClass handler
-//! names whose Kata configuration gets the addon. Each entry is trimmed, duplicates are
-//! collapsed (first occurrence kept, order kept), and each must be a handler Kubernetes
-//! accepts: a DNS-1123 label (`RuntimeClass.handler`).
+//! `runtimeClass` / `ADDON_RUNTIME_CLASS` (docs/design.md#configmap-keys): comma-separated
+//! RuntimeClass handler names whose Kata configuration gets the addon. Each entry is
+//! trimmed, duplicates are collapsed (first occurrence kept, order kept), and each must be
+//! a handler Kubernetes accepts: a DNS-1123 label (`RuntimeClass.handler`).
 
 use alloc::format;
 use alloc::string::String;

@@ -1,5 +1,5 @@
 //! The `runtimeClass` key: handlers trimmed, deduplicated, in order, and checked as
-//! Kubernetes checks a RuntimeClass handler (DESIGN §6).
+//! Kubernetes checks a RuntimeClass handler (docs/design.md#runtimeclass).
 
 use super::*;
 

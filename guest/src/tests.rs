@@ -1,4 +1,5 @@
-//! Unit tests: every rule of DESIGN §2 and §3, accepted and rejected.
+//! Unit tests: every rule of docs/design.md#configmap-keys and docs/design.md#providers,
+//! accepted and rejected.
 
 use crate::*;
 use alloc::string::String;
@@ -75,7 +76,7 @@ fn plan_ok(pairs: &[(&str, &str)]) -> Plan {
 }
 
 #[test]
-fn example_from_the_issue() {
+fn the_se_kernel_example() {
     let e = env_ok(&[("addonImage", IMG), ("kernelPath", "/artifacts/kernel/vmlinuz")]);
     assert_eq!(
         e,
@@ -505,7 +506,8 @@ fn render_initrd_and_image_clear_each_other() {
     );
     let p = base_plan("snp", &[("ADDON_IMAGE_PATH", "/m")]);
     let out = render(&p, &[inst(ArtifactKind::Image, &alloc::format!("{D}/image"))]).expect("render");
-    // An unmeasured image also clears a base's dm-verity parameters (DESIGN §3a).
+    // An unmeasured image also clears a base's dm-verity parameters
+    // (docs/design.md#measured-guests).
     assert_eq!(
         out,
         alloc::format!(
@@ -826,6 +828,6 @@ fn known_runtime_configs_cover_every_provider_plan() {
     }
 }
 
-/// The `runtimeClass` rules (DESIGN §6).
+/// The `runtimeClass` rules (docs/design.md#runtimeclass).
 #[path = "runtime_class_tests.rs"]
 mod runtime_class_tests;

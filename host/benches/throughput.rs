@@ -1,5 +1,5 @@
 //! Throughput of the per-byte stages of an install (BENCHMARKS.md, "SHA-256 and inflate
-//! throughput", issue 21): SHA-256 by aws-lc-rs (what `kata_addons::hash` uses) and by
+//! throughput"): SHA-256 by aws-lc-rs (what `kata_addons::hash` uses) and by
 //! sha2 0.11 (SHA-NI intrinsics, detected at run time), and gzip inflate by flate2 +
 //! zlib-rs (what the layer walker uses, CRC-32 included) of incompressible data as the
 //! bench/compare images hold and of compressible data.

@@ -1,7 +1,7 @@
 //! `verity_check DISK PARAMS [image|extension]`: kata-addons' check of a measured guest
 //! image (partition table, filesystem, dm-verity tree against `root_hash` and partition 2)
 //! on its own, as an install runs it before the commit point. `bench/verity` times it
-//! beside `veritysetup verify --no-superblock` on the same partitions (issue 18).
+//! beside `veritysetup verify --no-superblock` on the same partitions (docs/measured-guests.md).
 
 use anyhow::{Context, Result, bail};
 use kata_addons::verity::{self, Params, Role};

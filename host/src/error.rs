@@ -1,5 +1,6 @@
-//! The one error model: how a failure is classified into the exit codes of DESIGN.md §5,
-//! for `main` and the daemon alike, and how it is reported on stderr.
+//! The one error model: how a failure is classified into the exit codes of
+//! docs/design.md#exit-codes, for `main` and the daemon alike, and how it is reported on
+//! stderr.
 //!
 //! Errors travel as `anyhow::Error`; what decides the class is a marker somewhere in the
 //! chain: [`ConfigError`] or a policy rejection is invalid configuration (exit 2),

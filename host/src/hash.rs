@@ -3,7 +3,7 @@
 //! aws-lc's digest (through `aws-lc-rs`), the library already linked for TLS: its
 //! assembly uses SHA-NI where the CPU has it, the code `openssl speed -evp sha256`
 //! measures. The blob digest is on the critical path of an install from a big layer, so
-//! every hot-path hash goes through here (issue 21; BENCHMARKS.md "SHA-256 and inflate
+//! every hot-path hash goes through here (BENCHMARKS.md "SHA-256 and inflate
 //! throughput", `cargo bench -p kata-addons --bench throughput`, compares it with sha2).
 
 /// A running SHA-256.

@@ -1,4 +1,4 @@
-//! "Kata must load the result" (DESIGN §3): before a drop-in is committed, the
+//! "Kata must load the result" (docs/design.md#kata-must-load): before a drop-in is committed, the
 //! configuration Kata would compute with it (the main file, then every `config.d` entry in
 //! byte order, ours at its place) is checked against what both Kata runtimes refuse to
 //! load: an `image` and an `initrd` set together (kata-containers 7c6ba40,

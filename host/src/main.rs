@@ -1,6 +1,7 @@
 //! `kata-addons`: the command-line entry point. Maps errors to the exit codes of
-//! DESIGN.md §5 through the one error model (`kata_addons::error`): 0 ok, 1 operational
-//! failure, 2 invalid configuration, 3/4 from `status`, 64 command-line usage error.
+//! docs/design.md#exit-codes through the one error model (`kata_addons::error`): 0 ok, 1
+//! operational failure, 2 invalid configuration, 3/4 from `status`, 64 command-line usage
+//! error.
 
 use std::process::ExitCode;
 

@@ -1,7 +1,8 @@
-//! Guest images and extension images at install (DESIGN §3a): their dm-verity parameters
-//! (from the plan, or an in-image file fetched with them and parsed with the one shared
-//! parser), and the check of each staged file the way the guest will use it, before the
-//! commit point. What the check found goes to `render` and into the state.
+//! Guest images and extension images at install (docs/design.md#measured-guests): their
+//! dm-verity parameters (from the plan, or an in-image file fetched with them and parsed
+//! with the one shared parser), and the check of each staged file the way the guest will
+//! use it, before the commit point. What the check found goes to `render` and into the
+//! state.
 
 use std::io::Read;
 

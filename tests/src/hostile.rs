@@ -1,7 +1,8 @@
-//! Hostile layers (issue 10): a raw tar writer that can write any header (any type byte,
-//! any declared size, GNU long names, PAX records, bytes that are not UTF-8), compression
-//! helpers for bombs, and the catalogue of the costliest layers of at most 1 MiB that
-//! `bench/hostile` measures with the release binary (built by the `hostile-layers` bin).
+//! Hostile layers (docs/design.md#limits): a raw tar writer that can write any header (any
+//! type byte, any declared size, GNU long names, PAX records, bytes that are not UTF-8),
+//! compression helpers for bombs, and the catalogue of the costliest layers of at most 1
+//! MiB that `bench/hostile` measures with the release binary (built by the `hostile-layers`
+//! bin).
 
 use std::io::Write;
 use std::path::Path;

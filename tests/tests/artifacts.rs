@@ -1,4 +1,4 @@
-//! OCI artifacts as sources (DESIGN §7a, issue 19), pushed by a real ORAS client (the ORAS
+//! OCI artifacts as sources (docs/design.md#oci-artifacts), pushed by a real ORAS client (the ORAS
 //! Python SDK, `tests/oras/oras_client.py`) to a real docker-registry on 127.0.0.1 and
 //! fetched or installed by the real binary on real directories.
 
@@ -478,8 +478,9 @@ fn the_coco_extension_disk_shape_is_fetched_as_published() {
 }
 
 /// A kernel, a measured guest image with its verity file, and an extension, all from one
-/// artifact, installed on a Kata 4 node root (the extension keys of issue 18); a damaged
-/// extension in the same artifact is refused before the commit, leaving the node unchanged.
+/// artifact, installed on a Kata 4 node root (the extension keys of
+/// docs/measured-guests.md); a damaged extension in the same artifact is refused before the
+/// commit, leaving the node unchanged.
 #[test]
 fn a_kernel_a_verity_image_and_an_extension_install_from_one_artifact() {
     if let Some(why) = disk::missing_tools() {

@@ -1,4 +1,4 @@
-//! The daemon's lifecycle (issue 23): SIGTERM/SIGINT end it within a bound whatever it is
+//! The daemon's lifecycle (docs/daemon.md): SIGTERM/SIGINT end it within a bound whatever it is
 //! doing, and an install it abandons leaves the old state; failed attempts back off and a
 //! failing image is not downloaded on every tick; one daemon owns a node root (a second
 //! one with other input refuses, `uninstall` is refused while it runs, a dead owner is

@@ -777,7 +777,7 @@ fn install_daemon_sets() {
         let env = env_map(c);
         assert_eq!(env.get("ADDON_ACTION").map(String::as_str), Some("install"), "{n}");
         assert_eq!(flag_value(&args, "--log-format"), Some("json"), "{n}");
-        // A rollout spreads its first pulls (issue 13): an explicit start-up jitter, not 0.
+        // A rollout spreads its first pulls: an explicit start-up jitter, not 0.
         let jitter: f64 = flag_value(&args, "--start-jitter").expect("--start-jitter").parse().expect("seconds");
         assert!(jitter > 0.0 && jitter <= 60.0, "{n}: --start-jitter {jitter}");
         // Drift repair: a periodic resync (not 0 = never).

@@ -1,9 +1,9 @@
-//! Issue 10: a seeded fuzz test. Thousands of generated layers (valid, wild and mutated
-//! tar streams, plain/gzip/zstd, corrupted compressed streams) go through the real
-//! extraction in process (`kata_addons::fetch::Pull::files` on an OCI layout) and a sample
-//! through the real binary (`fetch`, `install`); thousands of generated ConfigMaps and
-//! `ADDON_*` env sets go through the runner's parsing and the policy in process (wasm and
-//! native guest side by side) and a sample through `kata-addons preview`.
+//! A seeded fuzz test (docs/design.md#limits). Thousands of generated layers (valid, wild
+//! and mutated tar streams, plain/gzip/zstd, corrupted compressed streams) go through the
+//! real extraction in process (`kata_addons::fetch::Pull::files` on an OCI layout) and a
+//! sample through the real binary (`fetch`, `install`); thousands of generated ConfigMaps
+//! and `ADDON_*` env sets go through the runner's parsing and the policy in process (wasm
+//! and native guest side by side) and a sample through `kata-addons preview`.
 //!
 //! Asserted: no panic anywhere (a panic hook watches every thread), Ok or a clean error,
 //! for valid images exactly the bytes a reference model of the layers says (the model is
@@ -185,7 +185,7 @@ fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
 
-/// Peak RSS a `kata-addons` process may reach on any input here (issue 10's budget).
+/// Peak RSS a `kata-addons` process may reach on any input here (the hostile-input budget).
 const RSS_BUDGET_MIB: f64 = 64.0;
 
 // ---- the reference model: a filesystem the layers are applied to --------------------------

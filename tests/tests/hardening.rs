@@ -1,5 +1,5 @@
-//! Issue 10: hostile layers (memory and CPU bombs, sparse files, link tricks) and hostile
-//! node state, against the real binary. Each test names the defect it pins down.
+//! Hostile layers (memory and CPU bombs, sparse files, link tricks) and hostile node state
+//! (docs/design.md#limits), against the real binary. Each test names what it pins down.
 //! Costs are measured with `kata_addons_tests::measure` (peak RSS from the child's
 //! `VmHWM` / `ru_maxrss`, CPU time from `wait4`), never by wall time.
 
@@ -11,7 +11,7 @@ use kata_addons_tests::image::{Blob, Compress, Image, LayerBuilder, media};
 use kata_addons_tests::kata_addons_bin;
 use kata_addons_tests::measure::{Measured, run_measured};
 
-/// Peak RSS any hostile layer of at most 1 MiB may cost (issue 10, "Done when").
+/// Peak RSS any hostile layer of at most 1 MiB may cost.
 const RSS_BUDGET_MIB: f64 = 64.0;
 /// CPU time any hostile layer of at most 1 MiB may cost.
 const CPU_BUDGET: Duration = Duration::from_secs(5);
@@ -45,7 +45,7 @@ fn assert_within_budget(m: &Measured, what: &str) {
     assert!(m.cpu <= CPU_BUDGET, "{what}: CPU over {CPU_BUDGET:?}\n{}", m.summary());
 }
 
-/// CPU allowed to the largest accepted extraction: the issue's 5 s for an optimised
+/// CPU allowed to the largest accepted extraction: the 5 s budget for an optimised
 /// binary (`cargo test --release`, BENCHMARKS.md); an unoptimised one (plain `cargo test`)
 /// runs zstd, sha256 and the copy loop several times slower, so it gets 4x that.
 fn extraction_cpu_budget() -> Duration {
@@ -57,11 +57,11 @@ fn assert_refused(m: &Measured, what: &str, needle: &str) {
     assert!(m.stderr.contains(needle), "{what}: stderr lacks {needle:?}\n{}", m.summary());
 }
 
-// ---- defect 2: memory bombs in tar ----------------------------------------------------
+// ---- memory bombs in tar ----------------------------------------------------------------
 
-/// Defect 2: a GNU long name record of 128 MiB is refused before it is read.
+/// A GNU long name record of 128 MiB is refused before it is read.
 #[test]
-fn defect2_huge_gnu_long_name_is_refused_before_reading() {
+fn huge_gnu_long_name_is_refused_before_reading() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut t = RawTar::default();
     t.header(b'L', "././@LongLink", "", 128 << 20);
@@ -78,9 +78,9 @@ fn defect2_huge_gnu_long_name_is_refused_before_reading() {
     assert_within_budget(&m, "long name");
 }
 
-/// Defect 2: a PAX extended header of 128 MiB is refused before it is read.
+/// A PAX extended header of 128 MiB is refused before it is read.
 #[test]
-fn defect2_huge_pax_record_is_refused_before_reading() {
+fn huge_pax_record_is_refused_before_reading() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut t = RawTar::default();
     t.header(b'x', "PaxHeaders/x", "", 128 << 20);
@@ -95,9 +95,9 @@ fn defect2_huge_pax_record_is_refused_before_reading() {
     assert_within_budget(&m, "pax record");
 }
 
-/// Defect 2: entry paths longer than 4096 bytes are refused (GNU long name and PAX path).
+/// Entry paths longer than 4096 bytes are refused (GNU long name and PAX path).
 #[test]
-fn defect2_paths_over_4096_bytes_are_refused() {
+fn paths_over_4096_bytes_are_refused() {
     let tmp = tempfile::tempdir().expect("tmp");
     let long = "d/".repeat(2500) + "f";
     let mut t = RawTar::default();
@@ -112,10 +112,10 @@ fn defect2_paths_over_4096_bytes_are_refused() {
     assert_refused(&m, "pax path", "more than the 4096 byte limit");
 }
 
-/// Defect 2: thousands of 4 KiB-deep paths with distinct first components (every prefix
+/// Thousands of 4 KiB-deep paths with distinct first components (every prefix
 /// distinct) stay within the memory budget and hit the index cap.
 #[test]
-fn defect2_deep_distinct_paths_hit_the_index_cap_within_budget() {
+fn deep_distinct_paths_hit_the_index_cap_within_budget() {
     let tmp = tempfile::tempdir().expect("tmp");
     let deep = "a/".repeat(2000);
     let mut t = RawTar::default();
@@ -130,9 +130,9 @@ fn defect2_deep_distinct_paths_hit_the_index_cap_within_budget() {
     assert_within_budget(&m, "deep paths");
 }
 
-/// Defect 2: the merged index is capped by entries; the cap is a flag.
+/// The merged index is capped by entries; the cap is a flag.
 #[test]
-fn defect2_index_entry_cap_and_flag() {
+fn index_entry_cap_and_flag() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut t = LayerBuilder::new();
     for i in 0..3000 {
@@ -145,12 +145,12 @@ fn defect2_index_entry_cap_and_flag() {
     assert_eq!(m.code, Some(0), "{}", m.summary());
 }
 
-// ---- defect 3: CPU bombs -----------------------------------------------------------------
+// ---- CPU bombs --------------------------------------------------------------------------
 
-/// Defect 3: a small zstd layer expanding to 20 GiB of zeros is cut off at the
+/// A small zstd layer expanding to 20 GiB of zeros is cut off at the
 /// decompression cap instead of being read to the end.
 #[test]
-fn defect3_zstd_zero_bomb_is_cut_at_the_cap() {
+fn zstd_zero_bomb_is_cut_at_the_cap() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut t = RawTar::default();
     t.header(b'0', "zeros", "", 20 << 30);
@@ -169,9 +169,9 @@ fn defect3_zstd_zero_bomb_is_cut_at_the_cap() {
     assert_within_budget(&m, "zstd bomb");
 }
 
-/// Defect 3: the decompression cap is a ratio with a floor, and both flags override it.
+/// The decompression cap is a ratio with a floor, and both flags override it.
 #[test]
-fn defect3_ratio_cap_and_flags() {
+fn ratio_cap_and_flags() {
     let tmp = tempfile::tempdir().expect("tmp");
     let zeros = vec![0u8; 100 << 20];
     let mut t = LayerBuilder::new();
@@ -186,9 +186,9 @@ fn defect3_ratio_cap_and_flags() {
     assert_refused(&m, "ceiling", "decompresses to more than 1000000 bytes");
 }
 
-/// Defect 3: more than 256 layers are refused before any is read; the cap is a flag.
+/// More than 256 layers are refused before any is read; the cap is a flag.
 #[test]
-fn defect3_layer_count_cap() {
+fn layer_count_cap() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut layers = vec![base_layer()];
     for i in 0..300 {
@@ -201,11 +201,11 @@ fn defect3_layer_count_cap() {
     assert_eq!(m.code, Some(0), "{}", m.summary());
 }
 
-/// Defect 3: symlinks cost work linear in entries: 40 layers of 2,000 symlinks each over
+/// Symlinks cost work linear in entries: 40 layers of 2,000 symlinks each over
 /// a 45-deep wanted path (the first cut re-resolved every wanted path on every symlink:
 /// layers × symlinks × depth²).
 #[test]
-fn defect3_symlink_storm_is_linear() {
+fn symlink_storm_is_linear() {
     let tmp = tempfile::tempdir().expect("tmp");
     let storm = kata_addons_tests::hostile::symlink_storm();
     let image = layout(tmp.path(), storm.layers);
@@ -216,16 +216,16 @@ fn defect3_symlink_storm_is_linear() {
     assert_within_budget(&m, "symlink storm");
 }
 
-// ---- defect 4: sparse files -------------------------------------------------------------
+// ---- sparse files -----------------------------------------------------------------------
 
 fn sparse_case(dir: &Path, tar: Vec<u8>) -> Measured {
     let image = layout(dir, vec![Blob::new(media::TAR_GZIP, gzip(&tar))]);
     fetch(dir, &image, &["/boot/vmlinuz"], &[])
 }
 
-/// Defect 4: every sparse encoding is refused with "sparse files are not supported".
+/// Every sparse encoding is refused with "sparse files are not supported".
 #[test]
-fn defect4_every_sparse_form_is_refused() {
+fn every_sparse_form_is_refused() {
     let tmp = tempfile::tempdir().expect("tmp");
     let packed = vec![7u8; 5120];
     // GNU 'S' type (old GNU sparse).
@@ -269,11 +269,11 @@ fn defect4_every_sparse_form_is_refused() {
     assert_refused(&m, "PAX 1.0", "sparse files are not supported: /boot/vmlinuz");
 }
 
-// ---- defect 9: hard link to a later entry -----------------------------------------------
+// ---- hard link to a later entry ---------------------------------------------------------
 
-/// Defect 9: a hard link refers to an earlier entry (or a lower layer), never a later one.
+/// A hard link refers to an earlier entry (or a lower layer), never a later one.
 #[test]
-fn defect9_hardlink_to_a_later_entry_is_not_followed() {
+fn hardlink_to_a_later_entry_is_not_followed() {
     let tmp = tempfile::tempdir().expect("tmp");
     let mut t = RawTar::default();
     t.entry(b'5', "boot", "", b"").entry(b'1', "boot/vmlinuz", "boot/real", b"").file("boot/real", b"LATER");
@@ -290,7 +290,7 @@ fn defect9_hardlink_to_a_later_entry_is_not_followed() {
     assert_eq!(got, b"LOWER");
 }
 
-// ---- done when: a layer of at most 1 MiB costs at most 64 MiB RSS and 5 s CPU ----------
+// ---- budget: a layer of at most 1 MiB costs at most 64 MiB RSS and 5 s CPU --------------
 
 /// The costliest *accepted* 1 MiB layer: a wanted file as large as the decompression cap
 /// allows (1000 KiB of noise + 249 MiB of zeros, zstd), extracted, hashed and fsynced.
@@ -322,7 +322,7 @@ fn done_when_largest_extraction_from_a_1mib_layer() {
     assert_eq!(len, size);
 }
 
-// ---- defect 1: the state's paths are checked before anything acts on them --------------
+// ---- the state's paths are checked before anything acts on them -------------------------
 
 mod state {
     use std::path::Path;
@@ -385,10 +385,10 @@ mod state {
         assert!(err.contains(&format!("`{field}")), "stderr does not name {field}: {}", show(o));
     }
 
-    /// Defect 1: a state naming a runtime configuration as its drop-in is refused by
+    /// A state naming a runtime configuration as its drop-in is refused by
     /// `uninstall` (exit 1, naming the field); the configuration is not deleted.
     #[test]
-    fn defect1_drop_in_naming_a_runtime_config_is_refused() {
+    fn drop_in_naming_a_runtime_config_is_refused() {
         let (node, images) = (Node::new(), tempfile::tempdir().expect("tmp"));
         installed(&node, images.path());
         edit_state(&node, |v| set_drop_in_path(v, TDX_CONFIG));
@@ -399,10 +399,10 @@ mod state {
         assert!(node.path(TDX_CONFIG).exists());
     }
 
-    /// Defect 1: `previousDropIns` naming the TDX configuration does not make an
+    /// `previousDropIns` naming the TDX configuration does not make an
     /// "up to date" install delete it.
     #[test]
-    fn defect1_previous_drop_ins_naming_a_runtime_config_is_refused() {
+    fn previous_drop_ins_naming_a_runtime_config_is_refused() {
         let (node, images) = (Node::new(), tempfile::tempdir().expect("tmp"));
         let env = installed(&node, images.path());
         edit_state(&node, |v| v["previousDropIns"] = json!([TDX_CONFIG]));
@@ -412,10 +412,10 @@ mod state {
         assert_eq!(content_snapshot(node.root()), before, "install changed the node");
     }
 
-    /// Defect 1: `versionDir` of `.`, `x/..`, `""` or a path is refused; `addons/` and the
+    /// `versionDir` of `.`, `x/..`, `""` or a path is refused; `addons/` and the
     /// installed kernel stay.
     #[test]
-    fn defect1_version_dirs_outside_the_contract_are_refused() {
+    fn version_dirs_outside_the_contract_are_refused() {
         let (node, images) = (Node::new(), tempfile::tempdir().expect("tmp"));
         installed(&node, images.path());
         let good: Value = serde_json::from_slice(&std::fs::read(node.path(STATE)).expect("state")).expect("json");
@@ -439,9 +439,9 @@ mod state {
         refused(&kata(&node, &["status"], &[]), "files[0].path");
     }
 
-    /// Defect 1: a state file above 1 MiB is refused without being parsed.
+    /// A state file above 1 MiB is refused without being parsed.
     #[test]
-    fn defect1_oversized_state_is_refused() {
+    fn oversized_state_is_refused() {
         let (node, images) = (Node::new(), tempfile::tempdir().expect("tmp"));
         installed(&node, images.path());
         edit_state(&node, |v| v["padding"] = json!("x".repeat(1 << 20)));
@@ -452,7 +452,7 @@ mod state {
     }
 }
 
-// ---- defects 7 and 8: ConfigMap input and the exit-code contract -------------------------
+// ---- ConfigMap input and the exit-code contract -----------------------------------------
 
 mod config {
     use std::path::Path;
@@ -472,10 +472,10 @@ mod config {
             .expect("run kata-addons")
     }
 
-    /// Defect 8: every kind of invalid configuration file exits 2, naming the problem;
+    /// Every kind of invalid configuration file exits 2, naming the problem;
     /// limits are checked before the policy runs.
     #[test]
-    fn defect8_invalid_configuration_always_exits_2() {
+    fn invalid_configuration_always_exits_2() {
         let tmp = tempfile::tempdir().expect("tmp");
         let good = "addonImage: quay.io/org/k:v1\nkernelPath: /boot/vmlinuz\n";
         let many: String = (0..50_000).map(|i| format!("note{i:05}: x\n")).collect();
@@ -502,10 +502,10 @@ mod config {
         assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     }
 
-    /// Defect 8: command-line usage errors exit 64 (EX_USAGE), so 2 always means invalid
+    /// Command-line usage errors exit 64 (EX_USAGE), so 2 always means invalid
     /// configuration; `--help` exits 0.
     #[test]
-    fn defect8_usage_errors_exit_64() {
+    fn usage_errors_exit_64() {
         let tmp = tempfile::tempdir().expect("tmp");
         for args in [&["--no-such-flag"][..], &["--output", "xml"], &["--configmap", "a", "--configmap-dir", "b"]] {
             let o = preview(args, tmp.path());
@@ -551,10 +551,10 @@ mod config {
         }
     }
 
-    /// Defect 7: while kubelet swaps `..data`, every read is one generation: never a new
+    /// While kubelet swaps `..data`, every read is one generation: never a new
     /// image with the old kernel path, never a failure.
     #[test]
-    fn defect7_configmap_dir_reads_one_generation() {
+    fn configmap_dir_reads_one_generation() {
         let tmp = tempfile::tempdir().expect("tmp");
         let dir = tmp.path().join("cm");
         std::fs::create_dir(&dir).expect("mkdir");
@@ -602,7 +602,7 @@ mod config {
     }
 }
 
-/// Defect 5: a node whose state is lost (or removed after "the state file is corrupt") is
+/// A node whose state is lost (or removed after "the state file is corrupt") is
 /// put back by `uninstall`: every kata-addons drop-in in a known runtime `config.d`, for
 /// every provider and layout, and every version directory; foreign files stay.
 mod recovery {
@@ -640,7 +640,7 @@ mod recovery {
     }
 
     #[test]
-    fn defect5_uninstall_without_state_restores_every_layout() {
+    fn uninstall_without_state_restores_every_layout() {
         let (node, images) = (Node::empty(), tempfile::tempdir().expect("tmp"));
         let os_tdx = node.openshift("tdx");
         let go = node.kata_deploy("qemu-tdx");
@@ -699,7 +699,7 @@ mod recovery {
     }
 
     #[test]
-    fn defect5_uninstall_without_state_honours_kata_prefix_and_runtime_config() {
+    fn uninstall_without_state_honours_kata_prefix_and_runtime_config() {
         let (node, images) = (Node::empty(), tempfile::tempdir().expect("tmp"));
         let rc = "/usr/local/kata/share/defaults/kata-containers/runtimes/qemu-tdx/configuration-qemu-tdx.toml";
         node.write(rc, BASE_CONFIG);
@@ -730,7 +730,7 @@ mod recovery {
     }
 }
 
-/// Defect 6: what a killed run leaves (staging directories, temporary drop-ins and state
+/// What a killed run leaves (staging directories, temporary drop-ins and state
 /// files, a version directory no state refers to) is removed by the next run of any kind,
 /// under the node lock; a running process' staging is left alone.
 mod leftovers {
@@ -778,7 +778,7 @@ mod leftovers {
     }
 
     #[test]
-    fn defect6_every_run_sweeps_what_killed_runs_left() {
+    fn every_run_sweeps_what_killed_runs_left() {
         let (node, images) = (Node::new(), tempfile::tempdir().expect("tmp"));
         let before = snap(&node);
         let env = installed(&node, images.path());
@@ -822,7 +822,7 @@ mod leftovers {
     /// A real SIGKILL while the pull is stalled mid-blob: the partial staging directory is
     /// there, and the next run (here `uninstall`, with no state yet) removes it.
     #[test]
-    fn defect6_sigkill_during_a_slow_pull_is_cleaned_by_the_next_run() {
+    fn sigkill_during_a_slow_pull_is_cleaned_by_the_next_run() {
         let reg = Registry::start();
         let base = LayerBuilder::new().dir("etc").file("etc/os-release", b"ID=test\n").build(Compress::None);
         let top = LayerBuilder::new().dir("boot").file("boot/vmlinuz", &noise(4 << 20, 5)).build(Compress::None);
@@ -874,7 +874,8 @@ mod leftovers {
     }
 }
 
-/// Issue 10 defect 8 (guest side) and 9 (preview echo).
+/// The policy's output on hostile input: at most 64 problems listed (guest side), and
+/// `preview` echoes `ADDON_*` values trimmed, as install uses them.
 mod policy_output {
     use std::process::Output;
 
@@ -893,7 +894,7 @@ mod policy_output {
     /// The guest caps its violation list at 64, the last saying how many more there are;
     /// the runner reports it as invalid configuration (exit 2), never as refused output.
     #[test]
-    fn defect8_guest_caps_its_violation_list() {
+    fn guest_caps_its_violation_list() {
         let tmp = tempfile::tempdir().expect("tmp");
         let f = tmp.path().join("cm.yaml");
         let keys: String = (0..100).map(|i| format!("unknownKey{i:03}: x\n")).collect();
@@ -915,7 +916,7 @@ mod policy_output {
 
     /// `preview -o env|json|yaml` of `ADDON_*` input shows the trimmed values install uses.
     #[test]
-    fn defect9_preview_echoes_what_install_uses() {
+    fn preview_echoes_what_install_uses() {
         let tmp = tempfile::tempdir().expect("tmp");
         let env = [
             ("ADDON_IMAGE", "  quay.io/org/kernel:v1 \n"),
@@ -940,7 +941,7 @@ mod policy_output {
     }
 }
 
-/// Issue 10 "Also": free space is checked against each file's size (from its tar header)
+/// Free space is checked against each file's size (from its tar header)
 /// before its data is written; a refusal names the place and changes nothing.
 mod free_space {
     use kata_addons_tests::node::{Node, content_snapshot, layout_with, noise};

@@ -326,7 +326,7 @@ fn full_disk_fails_cleanly() {
     let o = install(&node, &[("ADDON_IMAGE", &image), ("ADDON_KERNEL_PATH", "/vmlinuz")]);
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     let err = String::from_utf8_lossy(&o.stderr).to_lowercase();
-    // Refused by the free-space check before the data is written (issue 10), not by ENOSPC.
+    // Refused by the free-space check before the data is written, not by ENOSPC.
     assert!(err.contains("not enough space on /etc/kata-containers/addons: need"), "{err}");
     assert!(node.config_d_entries("se").is_empty(), "no drop-in after a failed install");
     let left: Vec<_> = std::fs::read_dir(node.path("/etc/kata-containers/addons"))

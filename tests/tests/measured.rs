@@ -1,8 +1,8 @@
-//! Measured guests end to end (issue 18): a kata-deploy node root built from Kata's real
-//! `configuration-qemu-snp-runtime-rs.toml.in` (its @VARS@ filled) with kata-deploy's
-//! `25-devkit.toml` fragment beside it; a measured guest image and a measured extension
-//! built with mkfs.erofs, veritysetup and sfdisk, shipped in an OCI layout; the real
-//! binary installs, and the configuration Kata loads (tables merged, arrays replaced,
+//! Measured guests end to end (docs/measured-guests.md): a kata-deploy node root built from
+//! Kata's real `configuration-qemu-snp-runtime-rs.toml.in` (its @VARS@ filled) with
+//! kata-deploy's `25-devkit.toml` fragment beside it; a measured guest image and a measured
+//! extension built with mkfs.erofs, veritysetup and sfdisk, shipped in an OCI layout; the
+//! real binary installs, and the configuration Kata loads (tables merged, arrays replaced,
 //! `tests/src/node.rs`) has the keys required; status sees stale and shadowed entries;
 //! refusals leave the node unchanged; uninstall gives back the base.
 

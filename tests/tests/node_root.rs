@@ -1,6 +1,6 @@
-//! Node files are read only from inside `--root` (issue 22, item 2): every node file is
-//! resolved as the node resolves it, symlinks followed with absolute targets meaning the
-//! node's `/` and `..` stopping at the root.
+//! Node files are read only from inside `--root` (docs/registries-and-trust.md#root-resolution):
+//! every node file is resolved as the node resolves it, symlinks followed with absolute
+//! targets meaning the node's `/` and `..` stopping at the root.
 //!
 //! For each file kind the file is a symlink of four sorts: an absolute target inside the
 //! root, a relative target inside the root (both read: the pull sees the file), a relative

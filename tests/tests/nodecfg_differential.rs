@@ -1,6 +1,6 @@
 //! The node's registry configuration, decided as containers/image decides: every case runs
 //! `skopeo copy docker://… oci:…` (Debian's skopeo 1.9.3) and `kata-addons fetch` on the
-//! same files and asserts the same accept/refuse outcome (issue 9, part A).
+//! same files and asserts the same accept/refuse outcome (docs/registries-and-trust.md).
 //!
 //! Real `docker-registry` instances on 127.0.0.1, shared by all cases: a plain-HTTP source,
 //! a plain-HTTP mirror, a TLS registry (test CA), a mutual-TLS registry and a basic-auth one.

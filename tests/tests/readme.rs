@@ -1,4 +1,4 @@
-//! The README's two commands (issue 13): the section "The two commands" names exactly
+//! The README's two commands: the section "The two commands" names exactly
 //! `examples/demo.sh` and `tests/run`, both exist and are executable, and CI runs the
 //! same test script.
 

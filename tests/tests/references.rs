@@ -1,9 +1,10 @@
-//! One reference grammar for both halves (issue 17, item 4): every `addonImage` the policy
-//! guest accepts, the runner accepts and pulls by the same parts; every one it refuses is
-//! invalid configuration (exit 2), in `preview`, `install` and the webhook alike.
+//! One reference grammar for both halves (docs/design.md#configmap-keys): every `addonImage`
+//! the policy guest accepts, the runner accepts and pulls by the same parts; every one it
+//! refuses is invalid configuration (exit 2), in `preview`, `install` and the webhook
+//! alike.
 //!
 //! A fixed number of seeded cases (the same every run), built from the pieces references
-//! are made of, valid and not; then the defects of the issue through the real binary.
+//! are made of, valid and not; then the known pitfalls through the real binary.
 
 use kata_addons::policy::{ImageSource, KeyValue, Policy, PolicyError, PolicyOptions};
 use kata_addons::source::ImageRef;
@@ -144,7 +145,7 @@ fn every_reference_the_policy_accepts_the_runner_pulls_and_every_other_is_exit_2
     assert!(accepted > CASES / 20 && accepted < CASES - CASES / 20, "{accepted} of {CASES} accepted");
 }
 
-/// The defects of issue 17 item 4, each one way or the other on every path.
+/// Bracketed IPv6 hosts and over-long Docker Hub names: invalid configuration on every path.
 #[test]
 fn bracketed_ipv6_and_long_docker_hub_names_are_invalid_configuration_everywhere() {
     let policy = policy();

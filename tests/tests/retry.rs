@@ -1,8 +1,8 @@
-//! Retries against a throttling or failing registry (issue 13): 429 and 503 with
-//! `Retry-After` (seconds and HTTP-date) are waited out, the per-pull budget ends a
-//! hopeless pull with a clear error, and other 4xx answers and TLS failures are not retried.
-//! Delays are checked from the proxy's side (when it saw the next request), never by
-//! timing our own process.
+//! Retries against a throttling or failing registry
+//! (docs/registries-and-trust.md#failing-fast): 429 and 503 with `Retry-After` (seconds and
+//! HTTP-date) are waited out, the per-pull budget ends a hopeless pull with a clear error,
+//! and other 4xx answers and TLS failures are not retried. Delays are checked from the
+//! proxy's side (when it saw the next request), never by timing our own process.
 
 use std::time::{Duration, SystemTime};
 
@@ -269,7 +269,7 @@ fn install_reads_the_manifest_once_and_only_the_needed_layer() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Failing fast (issue 23): dead endpoints are left at once, stalls and trickles are cut,
+// Failing fast: dead endpoints are left at once, stalls and trickles are cut,
 // a failed endpoint is not contacted again in one install, and the pull deadline covers
 // every wait. No timing: the errors, the contact counts and the flags are checked.
 

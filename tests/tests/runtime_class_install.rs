@@ -1,9 +1,9 @@
-//! `runtimeClass` end to end with the real binary (issue 20): a GPU node as kata-deploy
-//! sets it up (every default x86_64 QEMU shim, the containerd drop-in), where containerd's
-//! own `config dump` says which file the handler runs, and kata-addons must change exactly
-//! that one's `config.d`; the default set without `runtimeClass`; switching handlers;
-//! multi-install nodes (`10-installation-prefix.toml`); refusals (exit 1 and 2, node
-//! unchanged); drift; status reporting a key a later fragment shadows.
+//! `runtimeClass` end to end with the real binary (docs/design.md#runtimeclass): a GPU node
+//! as kata-deploy sets it up (every default x86_64 QEMU shim, the containerd drop-in),
+//! where containerd's own `config dump` says which file the handler runs, and kata-addons
+//! must change exactly that one's `config.d`; the default set without `runtimeClass`;
+//! switching handlers; multi-install nodes (`10-installation-prefix.toml`); refusals (exit
+//! 1 and 2, node unchanged); drift; status reporting a key a later fragment shadows.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,4 +1,5 @@
-//! Image trust (issue 9, part B) against skopeo, with real parts: a real docker-registry on
+//! Image trust (docs/registries-and-trust.md) against skopeo, with real parts: a real
+//! docker-registry on
 //! 127.0.0.1, GPG simple signatures made by skopeo itself (`--sign-by`, throwaway GnuPG
 //! keys: RSA and ed25519) into a file lookaside, served over HTTP too; sigstore
 //! attachments made by the test in containers/image's format and checked with `openssl`.

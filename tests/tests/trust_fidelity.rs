@@ -1,4 +1,4 @@
-//! Policy and registries.conf fidelity (issue 22, items 3 to 6), with skopeo as the oracle
+//! Policy and registries.conf fidelity (docs/registries-and-trust.md), with skopeo as the oracle
 //! where it can judge: each file is given to `skopeo copy` and to `kata-addons fetch`, on a
 //! real registry on 127.0.0.1, and both must load it or refuse it as containers/image does.
 //!

@@ -1,4 +1,4 @@
-//! OpenPGP key validity as containers/image's gpgme mechanism judges it (issue 22, item 1):
+//! OpenPGP key validity as containers/image's gpgme mechanism judges it:
 //! revoked and expired keys and subkeys, subkeys without the signing flag and signatures
 //! made after expiry are refused; a valid signing subkey of a listed primary key signs for it.
 //!

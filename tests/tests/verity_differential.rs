@@ -2,7 +2,7 @@
 //! cryptsetup-bin) on a corpus of good and damaged disks built with the real tools
 //! (mkfs.erofs, mkfs.ext4, mkfs.xfs, veritysetup format, sfdisk): case for case the same
 //! accept/refuse decision, both when the runner reads the file afterwards and when it
-//! computed the tree while the file streamed in (DESIGN §3a, issue 18).
+//! computed the tree while the file streamed in (docs/design.md#measured-guests).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

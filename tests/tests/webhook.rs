@@ -461,8 +461,9 @@ fn sigterm_finishes_in_flight_requests_and_exits_0() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Under abuse (issue 23): idle connections, one address taking every slot, slow bodies,
-// floods of large bodies. The probes answer throughout; memory stays under the limit.
+// Under abuse (docs/webhook.md#under-abuse): idle connections, one address taking every
+// slot, slow bodies, floods of large bodies. The probes answer throughout; memory stays
+// under the limit.
 
 use kata_addons_tests::abuse::{
     big_review, keep_alive_until_closed, open_idle, post_from, refused, source, trickle, until_closed,

@@ -1,4 +1,4 @@
-//! The command layer: the command line (clap types, the contract of DESIGN.md §5), its
+//! The command layer: the command line (clap types, the contract of docs/design.md#cli), its
 //! conversion into domain options with every flag range check ([`options`]), and the
 //! commands themselves ([`commands`]). Nothing below this layer names a clap type.
 
@@ -64,7 +64,8 @@ pub struct ConfigArgs {
     pub configmap_dir: Option<PathBuf>,
 }
 
-/// How to reach registries. Defaults: the node's own files beneath `--root` (DESIGN.md §6).
+/// How to reach registries. Defaults: the node's own files beneath `--root`
+/// (docs/design.md#node-configuration).
 #[derive(Debug, Clone, Default, Args)]
 pub struct RegistryArgs {
     /// The only auth file read (containers auth.json / docker config.json); default: the
@@ -112,7 +113,7 @@ pub struct RegistryArgs {
     pub limits: LimitArgs,
 }
 
-/// Resource caps on image content (README "Limits"); every one refuses with a clear error.
+/// Resource caps on image content (docs/design.md#limits); every one refuses with a clear error.
 #[derive(Debug, Clone, Default, Args)]
 pub struct LimitArgs {
     /// Most layers an image may have [default: 256].
@@ -150,7 +151,7 @@ pub struct NodeArgs {
     pub lock_timeout: u64,
 }
 
-/// Which Kata runtime configurations get the drop-in (DESIGN §6, issue 11).
+/// Which Kata runtime configurations get the drop-in (docs/design.md#kata-layouts).
 #[derive(Debug, Clone, Args)]
 pub struct LayoutArgs {
     /// kata-deploy's installation prefix on the node.
@@ -368,7 +369,7 @@ pub enum Watch {
     None,
 }
 
-/// `kata-addons webhook` options (DESIGN.md §7; the README's webhook section).
+/// `kata-addons webhook` options (docs/design.md#webhook, docs/webhook.md).
 #[derive(Debug, Clone, Args)]
 pub struct WebhookArgs {
     /// Address and port to serve HTTPS on.

@@ -1,5 +1,5 @@
-//! Failed attempts back off (issue 23): the n-th consecutive failure of the same attempt
-//! (the same input digest and, when known, the same image digest) waits
+//! Failed attempts back off (docs/daemon.md#backoff): the n-th consecutive failure of the
+//! same attempt (the same input digest and, when known, the same image digest) waits
 //! `min(min · 2^(n-1), max)` less up to 25 % random jitter (so a fleet does not retry in
 //! step) before the next attempt; another input, another image digest or a success starts
 //! over. Nothing is fetched for that attempt in between, whatever the ticks say.

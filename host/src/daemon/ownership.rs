@@ -1,8 +1,8 @@
-//! One daemon per node root (issue 23): the daemon claims the root by taking the owner
-//! lock ([`crate::install::owner`]) and recording itself under the node lock. A root a live
-//! daemon owns is left to it: with the same input this daemon stands by (ready, the owner
-//! does the work), with other input it refuses to act (not ready, the log names the owner);
-//! either way it takes over when the owner is gone.
+//! One daemon per node root (docs/daemon.md#ownership): the daemon claims the root by
+//! taking the owner lock ([`crate::install::owner`]) and recording itself under the node
+//! lock. A root a live daemon owns is left to it: with the same input this daemon stands by
+//! (ready, the owner does the work), with other input it refuses to act (not ready, the log
+//! names the owner); either way it takes over when the owner is gone.
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};

@@ -1,7 +1,7 @@
-//! Drift repair (issue 23): each check (periodic `--resync`, a change in a watched
-//! directory) re-verifies the node against the state through the install transaction with
-//! the recorded digest pinned; an installed file whose metadata (size, inode, mtime,
-//! ctime) is what it was when last hashed is not hashed again, and every
+//! Drift repair (docs/daemon.md#drift-repair): each check (periodic `--resync`, a change in
+//! a watched directory) re-verifies the node against the state through the install
+//! transaction with the recorded digest pinned; an installed file whose metadata (size,
+//! inode, mtime, ctime) is what it was when last hashed is not hashed again, and every
 //! `--verify-interval` every file is. Repairs are rate-limited: a repair within
 //! `--failure-backoff-max` of the previous one (something keeps undoing it) makes the next
 //! check wait as failed attempts do ([`super::backoff`]), and so does a failed repair.

@@ -1,9 +1,10 @@
-//! SIGTERM and SIGINT, whatever the daemon is doing (issue 23): a thread of its own waits
-//! for them on a runtime of its own, so no install, hash or lock wait on the daemon's
-//! runtime can delay them. The daemon's loop sees the stop request at its next await point
-//! and drops whatever it was doing (an install not committed leaves the old state, as a
-//! crash does: DESIGN §4); if it has not exited [`GRACE`] later (a synchronous step such as
-//! hashing a large file), this thread ends the process with exit 0 itself.
+//! SIGTERM and SIGINT, whatever the daemon is doing (docs/daemon.md#stopping): a thread of
+//! its own waits for them on a runtime of its own, so no install, hash or lock wait on the
+//! daemon's runtime can delay them. The daemon's loop sees the stop request at its next
+//! await point and drops whatever it was doing (an install not committed leaves the old
+//! state, as a crash does: docs/design.md#atomic-switch); if it has not exited [`GRACE`]
+//! later (a synchronous step such as hashing a large file), this thread ends the process
+//! with exit 0 itself.
 
 use std::future::Future;
 use std::time::Duration;

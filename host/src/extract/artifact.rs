@@ -1,6 +1,7 @@
-//! The files of an OCI artifact (DESIGN §7a, [`crate::source::artifact`]): a raw-file layer
-//! is copied to its file as it streams ([`super::raw`]), an unpack layer is read as a
-//! one-layer gzip image whose entries must all sit under its title.
+//! The files of an OCI artifact (docs/design.md#oci-artifacts,
+//! [`crate::source::artifact`]): a raw-file layer is copied to its file as it streams
+//! ([`super::raw`]), an unpack layer is read as a one-layer gzip image whose entries must
+//! all sit under its title.
 
 use std::collections::HashMap;
 

@@ -128,7 +128,7 @@ pub async fn read_layer(
     .with_context(|| format!("layer {} ({})", desc.digest, desc.media_type))
 }
 
-/// Streams `blob` (of `desc`) to `tx` while hashing it on its own thread (issue 13); refuses
+/// Streams `blob` (of `desc`) to `tx` while hashing it on its own thread; refuses
 /// a blob longer or shorter than its descriptor or whose digest differs. A receiver that
 /// stops early does not stop the reading: every byte is verified.
 pub async fn stream_verified(
@@ -139,7 +139,7 @@ pub async fn stream_verified(
     let bar = crate::progress::layer(&desc.digest, desc.size);
     let streamed: Result<()> = async {
         let mut tx = Some(tx);
-        // The digest is computed on its own thread while the walker decompresses (issue 13).
+        // The digest is computed on its own thread while the walker decompresses.
         let hasher = BlobHasher::start();
         let (mut n, mut chunks) = (0u64, 0u64);
         while let Some(chunk) = blob.next_chunk().await? {

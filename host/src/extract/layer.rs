@@ -272,8 +272,8 @@ mod tests {
         (tmp, temps, out)
     }
 
-    /// A layer repeating the wanted file rewrites one temporary file in place (issue 10,
-    /// `bench/hostile` case `duplicates`: a file created, fsynced and removed per copy cost
+    /// A layer repeating the wanted file rewrites one temporary file in place
+    /// (`bench/hostile` case `duplicates`: a file created, fsynced and removed per copy cost
     /// 20 s of CPU for 233,000 copies in a 1 MiB layer).
     #[test]
     fn duplicates_of_a_wanted_file_reuse_one_temporary_file() {
@@ -292,7 +292,7 @@ mod tests {
     }
 
     /// The writer thread gets a file of many chunks whole, with its SHA-256; a later entry
-    /// replacing the path with a directory removes the copy (issue 21: the writer owns
+    /// replacing the path with a directory removes the copy (the writer owns
     /// the file operations, in the walker's order).
     #[test]
     fn the_writer_thread_writes_hashes_and_discards_in_order() {

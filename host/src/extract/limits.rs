@@ -1,4 +1,4 @@
-//! The caps on what an image may make the runner do while extracting (README "Limits").
+//! The caps on what an image may make the runner do while extracting (docs/design.md#limits).
 
 /// Size limits for what is extracted.
 #[derive(Debug, Clone)]

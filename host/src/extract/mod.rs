@@ -214,7 +214,8 @@ impl LayerIndex {
     }
 
     /// The first path this layer records (entry, whiteout or opaque marker) that is not
-    /// the directory `dir` or beneath it (an OCI artifact's unpacked directory, DESIGN §7a).
+    /// the directory `dir` or beneath it (an OCI artifact's unpacked directory,
+    /// docs/design.md#oci-artifacts).
     pub fn first_outside(&self, dir: &str) -> Option<&str> {
         let below = |p: &str| p.len() > dir.len() && p.starts_with(dir) && p.as_bytes()[dir.len()] == b'/';
         let entries = self.entries.keys().find(|p| p.as_str() != dir && !below(p));

@@ -1,6 +1,6 @@
-//! A raw-file layer of an OCI artifact (DESIGN §7a): the blob's bytes are the file, written
-//! to its temporary file as they arrive, with no decompression and no tar walk. The blob
-//! digest, verified while streaming, is the file's sha256.
+//! A raw-file layer of an OCI artifact (docs/design.md#oci-artifacts): the blob's bytes are
+//! the file, written to its temporary file as they arrive, with no decompression and no tar
+//! walk. The blob digest, verified while streaming, is the file's sha256.
 
 use std::io::Write;
 

@@ -2,15 +2,15 @@
 //! [`crate::hash`]) and writes the bytes of the captured files while the walker inflates and
 //! parses the next ones, and the blob hasher ([`crate::source::blobhash`]) digests the
 //! compressed stream. The dm-verity tree of a measured image ([`crate::verity::Stream`]) is
-//! computed on one more thread, fed the same chunks (issue 18: on the writer's thread it made
+//! computed on one more thread, fed the same chunks (on the writer's thread it made
 //! the writer the critical stage, 1.39x the unmeasured install). Each stage has its own
-//! thread, so the slowest alone sets the pace (issue 21). The queue
+//! thread, so the slowest alone sets the pace. The queue
 //! is bounded ([`DEPTH`] chunks of at most [`CHUNK`] bytes), so memory stays constant and a
 //! slow disk slows the walker instead of buffering. The thread starts at the first captured
 //! file: a layer holding none of the wanted files costs no thread.
 //!
 //! The writer owns every file operation of the pass, in the order the walker sends them, so
-//! a later duplicate of a path rewrites the first copy's temporary file in place (issue 10).
+//! a later duplicate of a path rewrites the first copy's temporary file in place.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -42,7 +42,7 @@ pub struct Measured {
     pub params: crate::verity::Params,
     /// Whether its sha256 is computed too: only when pinned, since the tree and the
     /// sha256 of the bytes outside the data blocks are its integrity record (a third pass
-    /// over every byte cost 1.3x the unmeasured install on 2 cores, issue 18).
+    /// over every byte cost 1.3x the unmeasured install on 2 cores).
     pub sha256: bool,
 }
 
@@ -147,7 +147,7 @@ struct Current {
 }
 
 /// Temporary files of this pass still open, by path: a later copy of a path rewrites its
-/// file (issue 10: creating and fsyncing each copy cost 20 s of CPU for a 1 MiB layer).
+/// file (creating and fsyncing each copy cost 20 s of CPU for a 1 MiB layer).
 type Open = HashMap<String, (String, cap_std::fs::File)>;
 
 /// The writer thread: applies the walker's messages in order until the channel closes.

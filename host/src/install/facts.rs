@@ -1,4 +1,4 @@
-//! What an install learns beyond its outcome, for the daemon (issue 23): the manifest
+//! What an install learns beyond its outcome, for the daemon (docs/daemon.md): the manifest
 //! digest it resolved (also when it failed later, so a failed image is remembered), and
 //! the metadata (size, inode, mtime, ctime) of each installed file it knows intact, so
 //! that the next check re-hashes only a file whose metadata changed.

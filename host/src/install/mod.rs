@@ -1,9 +1,9 @@
 //! The node lifecycle: `install` (the [`transaction`]), `uninstall` and `status`.
 //!
-//! Rooms: [`transaction`] (the atomic switch of DESIGN.md §4), [`target`] (where a plan
-//! goes on this node), [`discovery`] (where kata-addons' files are on a node),
-//! [`sweep`] (what killed runs left behind), [`facts`] (what an install learns for the
-//! daemon), [`integrity`] (an installed file against its record), [`owner`] (the daemon
+//! Rooms: [`transaction`] (the atomic switch, docs/design.md#atomic-switch), [`target`]
+//! (where a plan goes on this node), [`discovery`] (where kata-addons' files are on a
+//! node), [`sweep`] (what killed runs left behind), [`facts`] (what an install learns for
+//! the daemon), [`integrity`] (an installed file against its record), [`owner`] (the daemon
 //! owning a node root), [`uninstall`] and [`status`].
 
 pub mod discovery;

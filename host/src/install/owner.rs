@@ -1,9 +1,9 @@
-//! One owner per node root (issue 23): the daemon that reconciles a root holds `flock` on
-//! `<root>/run/kata-addons.owner.lock` for its whole life, and records who it is in
-//! `/etc/kata-containers/addons/owner.json` (written under the node lock). The lock is the
-//! proof of life: the kernel releases it when the owner dies, whatever its pid namespace
-//! (each DaemonSet pod has its own), so a record whose lock is free belongs to a dead
-//! owner (a kill, or another boot) and is taken over. The record only names the owner.
+//! One owner per node root (docs/daemon.md#ownership): the daemon that reconciles a root
+//! holds `flock` on `<root>/run/kata-addons.owner.lock` for its whole life, and records who
+//! it is in `/etc/kata-containers/addons/owner.json` (written under the node lock). The
+//! lock is the proof of life: the kernel releases it when the owner dies, whatever its pid
+//! namespace (each DaemonSet pod has its own), so a record whose lock is free belongs to a
+//! dead owner (a kill, or another boot) and is taken over. The record only names the owner.
 
 use std::io::Read;
 use std::path::Path;

@@ -1,7 +1,7 @@
-//! What killed runs leave behind (DESIGN §4 keeps it out of `config.d`, but it still takes
-//! space): staging directories and temporary state files in the install directory,
-//! temporary drop-ins beside runtime configurations. Only names this program makes are
-//! touched, and only when the process named in them is gone.
+//! What killed runs leave behind (docs/design.md#atomic-switch keeps it out of `config.d`,
+//! but it still takes space): staging directories and temporary state files in the install
+//! directory, temporary drop-ins beside runtime configurations. Only names this program
+//! makes are touched, and only when the process named in them is gone.
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -56,11 +56,11 @@ fn owner_gone(pid: i32) -> bool {
     }
 }
 
-/// Removes what killed runs left behind (DESIGN §4 keeps them out of `config.d`, but they
-/// still take space): staging directories and temporary state and owner files in the install
-/// directory, temporary drop-ins beside the runtime configurations of `dirs`. Only names
-/// this program makes are touched, and only when their owner process is gone.
-/// Returns the node paths removed.
+/// Removes what killed runs left behind (docs/design.md#atomic-switch keeps them out of
+/// `config.d`, but they still take space): staging directories and temporary state and
+/// owner files in the install directory, temporary drop-ins beside the runtime
+/// configurations of `dirs`. Only names this program makes are touched, and only when their
+/// owner process is gone. Returns the node paths removed.
 pub(super) fn sweep_leftovers(root: &Root, addons: Option<&Dir>, dirs: &[PathBuf]) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     if let Some(addons) = addons {

@@ -1,7 +1,7 @@
-//! The install transaction: the atomic switch of DESIGN.md §4. Order: stage files in a new
-//! version directory -> render the drop-ins (one per runtime configuration found) -> write
-//! state -> rename each drop-in into its `config.d` (the commit point of that
-//! configuration) -> remove the previous version. A crash at any instant leaves each
+//! The install transaction: the atomic switch of docs/design.md#atomic-switch. Order: stage
+//! files in a new version directory -> render the drop-ins (one per runtime configuration
+//! found) -> write state -> rename each drop-in into its `config.d` (the commit point of
+//! that configuration) -> remove the previous version. A crash at any instant leaves each
 //! configuration with the old or the new drop-in, and both versions' files in place until
 //! the next run finishes the switch.
 
@@ -216,8 +216,9 @@ pub async fn install_observed(
     obs.digest = None;
     let started = Instant::now();
     let root = Root::open(&site.root)?;
-    // Image trust first (issue 9): nothing is written on the node for an image the policy
-    // refuses. A policy that needs signatures is checked on the resolved digest now.
+    // Image trust first (docs/design.md#image-trust): nothing is written on the node for an
+    // image the policy refuses. A policy that needs signatures is checked on the resolved
+    // digest now.
     let mut image = image_ref(plan);
     let pull = Pull::new(opts);
     if let crate::trust::Gate::NeedsSignatures = crate::trust::gate(&opts.trust, &image)? {

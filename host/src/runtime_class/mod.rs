@@ -1,5 +1,5 @@
 //! RuntimeClass handlers resolved the way the node's container runtime resolves them
-//! (DESIGN §6 "RuntimeClass"): CRI-O's and containerd's own configuration say which Kata
+//! (docs/design.md#runtimeclass): CRI-O's and containerd's own configuration say which Kata
 //! `configuration*.toml` a handler runs, and that file is checked to be a Kata
 //! configuration of the provider's TEE. Facts only, every file read beneath `--root`
 //! through the runner's node-file reader (`nodefs`).

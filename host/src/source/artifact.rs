@@ -1,5 +1,5 @@
-//! OCI artifacts as `oras push` writes them (DESIGN §7a): recognising one, and mapping its
-//! titled layers to the paths they are addressed by.
+//! OCI artifacts as `oras push` writes them (docs/design.md#oci-artifacts): recognising
+//! one, and mapping its titled layers to the paths they are addressed by.
 //!
 //! Conventions (oras-go `content/file`): a layer annotated [`TITLE`] is the file named by
 //! the title, its blob the file's raw bytes whatever the layer media type says (oras gives

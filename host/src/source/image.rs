@@ -95,7 +95,8 @@ pub(crate) struct ResolvedImage {
     pub top_digest: String,
     /// Layers, bottom first (manifest order).
     pub layers: Vec<Descriptor>,
-    /// The titled files when the manifest is an OCI artifact (DESIGN §7a), else `None`.
+    /// The titled files when the manifest is an OCI artifact
+    /// (docs/design.md#oci-artifacts), else `None`.
     pub artifact: Option<super::artifact::Artifact>,
     /// Human-readable name of where the image came from (for messages).
     pub origin: String,

@@ -1,5 +1,5 @@
-//! Validation of a state record against the layout contract (DESIGN.md §4) before any of
-//! its paths is acted on, and the one way a recorded drop-in is removed.
+//! Validation of a state record against the layout contract (docs/design.md#host-layout)
+//! before any of its paths is acted on, and the one way a recorded drop-in is removed.
 //!
 //! A state file is input like any other: it may be damaged or written by someone else.
 //! Every path field must name something kata-addons could have written:

@@ -1,4 +1,4 @@
-//! Image trust (issue 9, part B): the node's containers-policy.json(5) and
+//! Image trust (docs/design.md#image-trust): the node's containers-policy.json(5) and
 //! containers-registries.d(5), evaluated on the manifest digest actually pulled, before
 //! anything is written, with the same decision as containers/image (skopeo, CRI-O).
 //!

@@ -1,9 +1,10 @@
 //! Checks a guest image or guest extension image the way the guest will use it, before
-//! the commit point (DESIGN §3a): the partition table gives partitions 1 and 2, partition
-//! 1 holds ext4, xfs or erofs, and with dm-verity parameters the tree computed over
-//! `data_blocks` blocks of partition 1 gives `root_hash` and equals the hash area at the
-//! start of partition 2 — the decision `veritysetup verify --no-superblock` makes on the
-//! same two partitions. Extensions follow the guest mount script's integrity table.
+//! the commit point (docs/design.md#measured-guests): the partition table gives partitions
+//! 1 and 2, partition 1 holds ext4, xfs or erofs, and with dm-verity parameters the tree
+//! computed over `data_blocks` blocks of partition 1 gives `root_hash` and equals the hash
+//! area at the start of partition 2 — the decision `veritysetup verify --no-superblock`
+//! makes on the same two partitions. Extensions follow the guest mount script's integrity
+//! table.
 
 mod partition;
 mod stream;

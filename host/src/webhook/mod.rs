@@ -1,4 +1,4 @@
-//! `kata-addons webhook`: a validating admission webhook (DESIGN.md §7) for the ConfigMap
+//! `kata-addons webhook`: a validating admission webhook (docs/design.md#webhook) for the ConfigMap
 //! `kata-addon-artifacts`. It runs the same policy component as `preview` (and nothing
 //! else): an invalid ConfigMap is denied with every violation, exactly as `preview` prints
 //! them; a valid one is allowed with warnings that preview what the nodes will install.

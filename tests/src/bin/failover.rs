@@ -1,7 +1,8 @@
-//! Latency of registry failures (run by `bench/failover`): for each scenario of issue 23 a
-//! real registry behind the fault-injecting proxy and a registries.conf naming them, then
-//! `kata-addons fetch` with default flags and `skopeo copy` with the same registries.conf,
-//! each timed (skopeo is stopped after a cap). Prints a Markdown table.
+//! Latency of registry failures (run by `bench/failover`): for each scenario of
+//! docs/registries-and-trust.md#failing-fast a real registry behind the fault-injecting
+//! proxy and a registries.conf naming them, then `kata-addons fetch` with default flags and
+//! `skopeo copy` with the same registries.conf, each timed (skopeo is stopped after a cap).
+//! Prints a Markdown table.
 //!
 //!   failover [CAP_SECONDS]
 
