@@ -1,10 +1,47 @@
 //! The policy's view of the shared grammars (paths, versions, sha256 values, message
-//! quoting: `kata-addons-facts`), and "did you mean" suggestions for unknown keys.
+//! quoting: `kata-addons-facts`), extension names, the one violation constructor, and
+//! "did you mean" suggestions for unknown keys.
 
+use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 pub(crate) use kata_addons_facts::{is_sha256_hex, is_version, show};
+
+use crate::wit::{Violation, ViolationCode};
+
+/// Bytes of a virtio-blk device ID (`VIRTIO_BLK_ID_BYTES` in the virtio specification and
+/// Linux' `drivers/block/virtio_blk.c`): the serial the guest reads is at most this long.
+pub(crate) const VIRTIO_BLK_ID_BYTES: usize = 20;
+/// Prefix of an extension's virtio-blk serial (Kata's `extension-<name>`).
+pub(crate) const SERIAL_PREFIX: &str = "extension-";
+/// Longest extension name: `extension-<name>` must fit [`VIRTIO_BLK_ID_BYTES`].
+pub(crate) const MAX_NAME: usize = VIRTIO_BLK_ID_BYTES - SERIAL_PREFIX.len();
+
+/// One problem with the input, naming the key (or input) at fault.
+pub(crate) fn violation(key: &str, code: ViolationCode, message: String) -> Violation {
+    Violation { key: String::from(key), code, message }
+}
+
+/// Checks an extension name as Kata's loader does and against the virtio-blk ID size.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(format!(
+            "extension name {} is invalid: only ASCII letters, digits, `-` and `_` (Kata puts it in the virtio-blk \
+             serial and in `kata.extension.<name>.verity_params` on the guest command line)",
+            show(name)
+        ));
+    }
+    if name.len() > MAX_NAME {
+        return Err(format!(
+            "extension name {} is {} bytes: the guest finds the disk by its serial `{SERIAL_PREFIX}<name>` and a \
+             virtio-blk ID holds {VIRTIO_BLK_ID_BYTES} bytes, so at most {MAX_NAME} are accepted",
+            show(name),
+            name.len()
+        ));
+    }
+    Ok(())
+}
 
 /// Checks a clean absolute path (the shared grammar); `Err` explains what is accepted.
 pub(crate) fn check_path(p: &str) -> Result<(), String> {

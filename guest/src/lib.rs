@@ -13,6 +13,7 @@ extern crate alloc;
 pub mod wit;
 
 mod checks;
+mod keys;
 mod measured;
 mod policy;
 mod providers;
@@ -20,6 +21,7 @@ mod reference;
 mod render;
 mod runtime_class;
 
+pub use keys::{Key, Kind};
 pub use policy::{MAX_VIOLATIONS, env, plan};
 pub use render::render;
 pub use wit::*;

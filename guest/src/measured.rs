@@ -5,72 +5,53 @@
 //! `*VerityParams` and `*VerityPath` never together, parameters through the one shared
 //! parser (`kata_addons_facts::verity`), extension names as Kata's loader requires and
 //! short enough that `extension-<name>` fits the 20-byte virtio-blk ID (the guest's mount
-//! script finds the disk by that serial), and IBM SE refusing all of it (its command line
-//! is sealed into the SE image).
+//! script finds the disk by that serial: `checks::check_name`), and IBM SE refusing all of
+//! it (its command line is sealed into the SE image). The keys are rows of `keys.rs`.
 
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::checks::{check_path, is_sha256_hex, show};
+use crate::checks::violation;
+use crate::keys::{Given, Key, Kind};
 use crate::wit::*;
 
-/// Bytes of a virtio-blk device ID (`VIRTIO_BLK_ID_BYTES` in the virtio specification and
-/// Linux' `drivers/block/virtio_blk.c`): the serial the guest reads is at most this long.
-pub(crate) const VIRTIO_BLK_ID_BYTES: usize = 20;
-/// Prefix of an extension's virtio-blk serial (Kata's `extension-<name>`).
-pub(crate) const SERIAL_PREFIX: &str = "extension-";
-/// Longest extension name: `extension-<name>` must fit [`VIRTIO_BLK_ID_BYTES`].
-pub(crate) const MAX_NAME: usize = VIRTIO_BLK_ID_BYTES - SERIAL_PREFIX.len();
-
-/// The measured-guest inputs, as named by the caller (ConfigMap keys or env vars).
-pub(crate) struct Inputs<'a> {
-    /// (key, value) of imageVerityParams, imageVerityPath, extensionPath, extensionName,
-    /// extensionVerityParams, extensionVerityPath, extensionSha256.
-    pub values: [(&'static str, Option<&'a str>); 7],
-    /// Whether each was given more than once (already reported).
-    pub dup: [bool; 7],
-    /// The `imagePath` key and whether an image is configured.
-    pub image: (&'static str, bool),
-    /// The provider, when valid.
-    pub provider: Option<Provider>,
-}
-
-const IMAGE_PARAMS: usize = 0;
-const IMAGE_PATH: usize = 1;
-const EXT_PATH: usize = 2;
-const EXT_NAME: usize = 3;
-const EXT_PARAMS: usize = 4;
-const EXT_VPATH: usize = 5;
-const EXT_SHA: usize = 6;
-
-/// The validated measured-guest configuration.
+/// The dm-verity parameters of the measured artifacts, validated.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Measured {
-    /// The guest image's dm-verity parameters.
-    pub image_verity: Option<VeritySource>,
-    /// The extension: in-image path, name, sha256, dm-verity parameters.
-    pub extension: Option<(String, String, Option<String>, Option<VeritySource>)>,
+pub(crate) struct Verity {
+    /// The guest image's.
+    pub image: Option<VeritySource>,
+    /// The extension's.
+    pub extension: Option<VeritySource>,
 }
 
-fn violation(key: &str, code: ViolationCode, message: String) -> Violation {
-    Violation { key: String::from(key), code, message }
+impl Verity {
+    /// The parameters of an artifact of `kind`, if it has any.
+    pub(crate) fn of(&self, kind: ArtifactKind) -> Option<VeritySource> {
+        match kind {
+            ArtifactKind::Image => self.image.clone(),
+            ArtifactKind::Extension => self.extension.clone(),
+            ArtifactKind::Kernel | ArtifactKind::Initrd => None,
+        }
+    }
+}
+
+/// Whether only a measured guest uses `key`: the dm-verity keys and the extension's.
+fn is_measured(key: Key) -> bool {
+    matches!(key.kind(), Kind::VerityParams | Kind::VerityPath) || key.artifact() == Some(ArtifactKind::Extension)
 }
 
 /// A `*VerityParams` / `*VerityPath` pair -> where the parameters come from.
-fn verity_source(
-    params: (&'static str, Option<&str>),
-    path: (&'static str, Option<&str>),
-    errs: &mut Vec<Violation>,
-) -> Option<VeritySource> {
-    match (params.1, path.1) {
+fn verity_source(g: &Given<'_>, params: Key, path: Key, errs: &mut Vec<Violation>) -> Option<VeritySource> {
+    match (g.value(params), g.value(path)) {
         (Some(_), Some(_)) => {
             errs.push(violation(
-                path.0,
+                g.name(path),
                 ViolationCode::Conflict,
                 format!(
                     "`{}` and `{}` are exclusive: give the parameters or the in-image file holding them",
-                    params.0, path.0
+                    g.name(params),
+                    g.name(path)
                 ),
             ));
             None
@@ -84,132 +65,79 @@ fn verity_source(
                 hash_block_size: p.hash_block_size,
             })),
             Err(e) => {
-                errs.push(violation(params.0, ViolationCode::InvalidVerity, format!("{e}")));
+                errs.push(violation(g.name(params), ViolationCode::InvalidVerity, format!("{e}")));
                 None
             }
         },
-        (None, Some(p)) => match check_path(p) {
-            Ok(()) => Some(VeritySource::File(String::from(p))),
-            Err(e) => {
-                errs.push(violation(path.0, ViolationCode::InvalidPath, e));
-                None
-            }
-        },
+        (None, Some(_)) => g.checked(path, errs).map(|p| VeritySource::File(String::from(p))),
         (None, None) => None,
     }
 }
 
-/// Checks an extension name as Kata's loader does and against the virtio-blk ID size.
-pub(crate) fn check_name(name: &str) -> Result<(), String> {
-    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(format!(
-            "extension name {} is invalid: only ASCII letters, digits, `-` and `_` (Kata puts it in the virtio-blk \
-             serial and in `kata.extension.<name>.verity_params` on the guest command line)",
-            show(name)
-        ));
-    }
-    if name.len() > MAX_NAME {
-        return Err(format!(
-            "extension name {} is {} bytes: the guest finds the disk by its serial `{SERIAL_PREFIX}<name>` and a \
-             virtio-blk ID holds {VIRTIO_BLK_ID_BYTES} bytes, so at most {MAX_NAME} are accepted",
-            show(name),
-            name.len()
-        ));
-    }
-    Ok(())
-}
-
 /// Validates the measured-guest keys; every violation goes to `errs`.
-pub(crate) fn resolve(inp: &Inputs<'_>, errs: &mut Vec<Violation>) -> Measured {
-    let v = |i: usize| inp.values[i];
-    let given = |i: usize| inp.values[i].1.is_some() || inp.dup[i];
-    if inp.provider == Some(Provider::Se) {
-        for i in 0..7 {
-            if given(i) {
-                errs.push(violation(
-                    v(i).0,
-                    ViolationCode::NotAllowed,
-                    format!(
-                        "provider `se` boots one sealed SE image (its kernel command line is inside it): no image, \
-                         dm-verity or extension addon; remove `{}`",
-                        v(i).0
-                    ),
-                ));
-            }
+pub(crate) fn resolve(g: &Given<'_>, provider: Option<Provider>, errs: &mut Vec<Violation>) -> Verity {
+    if provider == Some(Provider::Se) {
+        for k in Key::ALL.into_iter().filter(|k| is_measured(*k) && g.given(*k)) {
+            errs.push(violation(
+                g.name(k),
+                ViolationCode::NotAllowed,
+                format!(
+                    "provider `se` boots one sealed SE image (its kernel command line is inside it): no image, \
+                     dm-verity or extension addon; remove `{}`",
+                    g.name(k)
+                ),
+            ));
         }
-        return Measured::default();
+        return Verity::default();
     }
-    let mut out = Measured::default();
-    if (given(IMAGE_PARAMS) || given(IMAGE_PATH)) && !inp.image.1 {
-        let k = if given(IMAGE_PARAMS) { v(IMAGE_PARAMS).0 } else { v(IMAGE_PATH).0 };
+    let mut out = Verity::default();
+    let (params, path) = (Key::ImageVerityParams, Key::ImageVerityPath);
+    if (g.given(params) || g.given(path)) && !g.given(Key::ImagePath) {
+        let k = if g.given(params) { g.name(params) } else { g.name(path) };
         errs.push(violation(
             k,
             ViolationCode::Inconsistent,
-            format!("`{k}` is set but `{}` is not: dm-verity parameters need their guest image", inp.image.0),
+            format!(
+                "`{k}` is set but `{}` is not: dm-verity parameters need their guest image",
+                g.name(Key::ImagePath)
+            ),
         ));
     } else {
-        out.image_verity = verity_source(v(IMAGE_PARAMS), v(IMAGE_PATH), errs);
+        out.image = verity_source(g, params, path, errs);
     }
 
-    let has_ext = given(EXT_PATH);
-    for i in [EXT_NAME, EXT_PARAMS, EXT_VPATH, EXT_SHA] {
-        if given(i) && !has_ext {
-            errs.push(violation(
-                v(i).0,
-                ViolationCode::Inconsistent,
-                format!("`{}` is set but `{}` is not: it describes the extension image", v(i).0, v(EXT_PATH).0),
-            ));
-        }
+    let has_ext = g.given(Key::ExtensionPath);
+    let describing = Key::ALL.into_iter().filter(|k| k.artifact() == Some(ArtifactKind::Extension));
+    for k in describing.filter(|k| *k != Key::ExtensionPath && g.given(*k) && !has_ext) {
+        errs.push(violation(
+            g.name(k),
+            ViolationCode::Inconsistent,
+            format!(
+                "`{}` is set but `{}` is not: it describes the extension image",
+                g.name(k),
+                g.name(Key::ExtensionPath)
+            ),
+        ));
     }
     if !has_ext {
         return out;
     }
-    let path = match v(EXT_PATH).1.map(|p| (p, check_path(p))) {
-        Some((p, Ok(()))) => Some(String::from(p)),
-        Some((_, Err(e))) => {
-            errs.push(violation(v(EXT_PATH).0, ViolationCode::InvalidPath, e));
-            None
-        }
-        None => None,
-    };
-    let name = match v(EXT_NAME).1 {
-        None if !inp.dup[EXT_NAME] => {
-            errs.push(violation(
-                v(EXT_NAME).0,
-                ViolationCode::Missing,
-                format!(
-                    "`{}` requires `{}`: the extension's name (e.g. `coco`), which Kata uses in its virtio-blk serial",
-                    v(EXT_PATH).0,
-                    v(EXT_NAME).0
-                ),
-            ));
-            None
-        }
-        None => None,
-        Some(n) => match check_name(n) {
-            Ok(()) => Some(String::from(n)),
-            Err(e) => {
-                errs.push(violation(v(EXT_NAME).0, ViolationCode::InvalidName, e));
-                None
-            }
-        },
-    };
-    let sha = match v(EXT_SHA).1 {
-        Some(h) if is_sha256_hex(h) => Some(String::from(h)),
-        Some(h) => {
-            errs.push(violation(
-                v(EXT_SHA).0,
-                ViolationCode::InvalidSha256,
-                format!("sha256 {} is invalid: exactly 64 lowercase hex characters (0-9, a-f) are accepted", show(h)),
-            ));
-            None
-        }
-        None => None,
-    };
-    let verity = verity_source(v(EXT_PARAMS), v(EXT_VPATH), errs);
-    if let (Some(path), Some(name)) = (path, name) {
-        out.extension = Some((path, name, sha, verity));
+    g.checked(Key::ExtensionPath, errs);
+    if g.given(Key::ExtensionName) {
+        g.checked(Key::ExtensionName, errs);
+    } else {
+        errs.push(violation(
+            g.name(Key::ExtensionName),
+            ViolationCode::Missing,
+            format!(
+                "`{}` requires `{}`: the extension's name (e.g. `coco`), which Kata uses in its virtio-blk serial",
+                g.name(Key::ExtensionPath),
+                g.name(Key::ExtensionName)
+            ),
+        ));
     }
+    g.checked(Key::ExtensionSha256, errs);
+    out.extension = verity_source(g, Key::ExtensionVerityParams, Key::ExtensionVerityPath, errs);
     out
 }
 

@@ -6,85 +6,27 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use kata_addons_facts::trimmed;
-
-use crate::checks::{check_path, is_sha256_hex, is_version, show, suggest};
-use crate::providers::{self, KINDS};
+use crate::checks::{check_path, show, violation};
+use crate::keys::{Given, Key, Kind, Naming, Values, listed};
+use crate::measured::Verity;
+use crate::providers;
 use crate::reference;
 use crate::wit::*;
 
-const IMAGE: usize = 0;
-const PROVIDER: usize = 1;
-const VERSION: usize = 2;
-/// Index of the first artifact path; kernel, initrd, image follow in that order.
-const PATHS: usize = 3;
-/// Index of the first artifact sha256; kernel, initrd, image follow in that order.
-const SHAS: usize = 6;
-const RUNTIME_CLASS: usize = 9;
-/// Index of the first measured-guest key (`imageVerityParams` .. `extensionSha256`, see
-/// [`crate::measured`]).
-const MEASURED: usize = 10;
-const FIELDS: usize = 17;
-
-/// Key names per field (in the fixed env order): ConfigMap key, env var.
-const KEYS: [(&str, &str); FIELDS] = [
-    ("addonImage", "ADDON_IMAGE"),
-    ("provider", "ADDON_PROVIDER"),
-    ("version", "ADDON_VERSION"),
-    ("kernelPath", "ADDON_KERNEL_PATH"),
-    ("initrdPath", "ADDON_INITRD_PATH"),
-    ("imagePath", "ADDON_IMAGE_PATH"),
-    ("kernelSha256", "ADDON_KERNEL_SHA256"),
-    ("initrdSha256", "ADDON_INITRD_SHA256"),
-    ("imageSha256", "ADDON_IMAGE_SHA256"),
-    ("runtimeClass", "ADDON_RUNTIME_CLASS"),
-    ("imageVerityParams", "ADDON_IMAGE_VERITY_PARAMS"),
-    ("imageVerityPath", "ADDON_IMAGE_VERITY_PATH"),
-    ("extensionPath", "ADDON_EXTENSION_PATH"),
-    ("extensionName", "ADDON_EXTENSION_NAME"),
-    ("extensionVerityParams", "ADDON_EXTENSION_VERITY_PARAMS"),
-    ("extensionVerityPath", "ADDON_EXTENSION_VERITY_PATH"),
-    ("extensionSha256", "ADDON_EXTENSION_SHA256"),
-];
-
-/// Which of the two key namings an input uses.
-#[derive(Clone, Copy)]
-enum Naming {
-    /// ConfigMap `data` keys (`addonImage`, …).
-    Data,
-    /// Environment variables (`ADDON_IMAGE`, …).
-    Env,
-}
-
-impl Naming {
-    fn key(self, field: usize) -> &'static str {
-        match self {
-            Naming::Data => KEYS[field].0,
-            Naming::Env => KEYS[field].1,
-        }
-    }
-
-    fn all(self) -> [&'static str; FIELDS] {
-        core::array::from_fn(|i| self.key(i))
-    }
-}
-
 /// The validated, defaulted configuration both entry points produce.
 struct Config {
+    /// Every key's value as the env list carries it (normalised or trimmed).
+    values: Values,
+    /// The image reference, normalised.
     image: String,
+    /// The image reference, parsed.
     source: ImageSource,
     provider: Provider,
     version: String,
-    /// In-image paths of kernel, initrd, image.
-    paths: [Option<String>; 3],
-    /// Expected sha256 of kernel, initrd, image.
-    shas: [Option<String>; 3],
     /// RuntimeClass handlers, in order, each once; empty: the standard configurations.
     runtime_classes: Vec<String>,
-    /// dm-verity parameters of the image, and the extension.
-    measured: crate::measured::Measured,
-    /// The measured-guest values as given (trimmed), in key order, for `env`.
-    measured_raw: [Option<String>; 7],
+    /// dm-verity parameters of the image and the extension.
+    verity: Verity,
 }
 
 /// Most violations one call returns; the last one then says how many were left out.
@@ -107,226 +49,164 @@ pub(crate) fn capped(mut errs: Vec<Violation>) -> Vec<Violation> {
     errs
 }
 
-fn violation(key: &str, code: ViolationCode, message: String) -> Violation {
-    Violation { key: String::from(key), code, message }
-}
-
 /// Validates and defaults an input list named with `naming`; collects every violation.
 fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>> {
     let mut errs = Vec::new();
-    let known = naming.all();
-    let mut values: [Option<&str>; FIELDS] = [None; FIELDS];
-    let mut seen = [false; FIELDS];
-    // A duplicated key is reported as such, not also as a problem with one of its values.
-    let mut dup = [false; FIELDS];
-    let mut unknown_seen: Vec<&str> = Vec::new();
+    let g = Given::read(input, naming, &mut errs);
+    let parsed = image(&g, &mut errs);
+    let provider = provider(&g, &mut errs);
+    let version = version(&g, parsed.as_ref(), &mut errs);
+    boot_artifacts(&g, provider, &mut errs);
+    let verity = crate::measured::resolve(&g, provider, &mut errs);
+    artifact_presence(&g, &mut errs);
+    let runtime_classes = match g.value(Key::RuntimeClass) {
+        Some(v) => crate::runtime_class::parse(g.name(Key::RuntimeClass), v, &mut errs),
+        None => Vec::new(),
+    };
+    let (true, Some(r), Some(provider), Some(version)) = (errs.is_empty(), parsed, provider, version) else {
+        return Err(errs);
+    };
+    let values = Values::from_fn(|k| match k {
+        Key::AddonImage => Some(r.normalised.clone()),
+        Key::Provider => Some(String::from(provider.wit_name())),
+        Key::Version => Some(version.clone()),
+        Key::RuntimeClass => (!runtime_classes.is_empty()).then(|| runtime_classes.join(",")),
+        _ => g.value(k).map(String::from),
+    });
+    Ok(Config { values, image: r.normalised, source: r.source, provider, version, runtime_classes, verity })
+}
 
-    for kv in input {
-        match known.iter().position(|k| *k == kv.name) {
-            Some(i) => {
-                if seen[i] {
-                    values[i] = None;
-                    if dup[i] {
-                        continue;
-                    }
-                    dup[i] = true;
-                    errs.push(violation(
-                        &kv.name,
-                        ViolationCode::Conflict,
-                        format!("{} is given more than once: give each key exactly once", show(&kv.name)),
-                    ));
-                    continue;
-                }
-                seen[i] = true;
-                values[i] = trimmed(&kv.value);
-            }
-            None => {
-                if unknown_seen.contains(&kv.name.as_str()) {
-                    continue;
-                }
-                unknown_seen.push(&kv.name);
-                let message = match suggest(&kv.name, &known) {
-                    Some(s) => format!("unknown key {}: did you mean `{s}`?", show(&kv.name)),
-                    None => format!("unknown key {}: known keys are {}", show(&kv.name), known.join(", ")),
-                };
-                errs.push(violation(&kv.name, ViolationCode::UnknownKey, message));
-            }
-        }
-    }
-
-    // Image reference.
-    let mut parsed = None;
-    match values[IMAGE] {
-        None if !dup[IMAGE] => errs.push(violation(
-            naming.key(IMAGE),
-            ViolationCode::Missing,
-            String::from(
-                "the addon image is required: `registry/repository[:tag][@sha256:<hex>]` or `oci:/path/to/layout[:tag]`",
-            ),
-        )),
-        None => {}
-        Some(v) => match reference::parse(v) {
-            Ok(r) => parsed = Some(r),
-            Err(problems) => {
-                for p in problems {
-                    errs.push(violation(naming.key(IMAGE), ViolationCode::InvalidReference, p));
-                }
-            }
-        },
-    }
-
-    // Provider.
-    let provider = match values[PROVIDER] {
-        None => Some(Provider::Se),
-        Some(name) if providers::named(name).is_some() => providers::named(name),
-        Some(other) => {
+/// `addonImage`: required, one reference.
+fn image(g: &Given<'_>, errs: &mut Vec<Violation>) -> Option<reference::Parsed> {
+    let key = g.name(Key::AddonImage);
+    match g.value(Key::AddonImage) {
+        None if !g.dup(Key::AddonImage) => {
             errs.push(violation(
-                naming.key(PROVIDER),
-                ViolationCode::InvalidProvider,
-                format!("unknown provider {}: accepted values are `se`, `tdx` and `snp` (lowercase)", show(other)),
+                key,
+                ViolationCode::Missing,
+                String::from(
+                    "the addon image is required: `registry/repository[:tag][@sha256:<hex>]` or `oci:/path/to/layout[:tag]`",
+                ),
             ));
             None
         }
-    };
-
-    // Version: given, or derived from the reference.
-    let mut version = None;
-    match values[VERSION] {
-        Some(v) if is_version(v) => version = Some(String::from(v)),
-        Some(v) => errs.push(violation(
-            naming.key(VERSION),
-            ViolationCode::InvalidVersion,
-            format!(
-                "version {} is invalid: 1-128 characters from `A-Za-z0-9._+-`, starting with a letter or digit",
-                show(v)
-            ),
-        )),
-        None if dup[VERSION] => {}
-        None => {
-            if let Some(r) = &parsed {
-                let derived = default_version(&r.source);
-                if is_version(&derived) {
-                    version = Some(derived);
-                } else {
-                    errs.push(violation(
-                        naming.key(VERSION),
-                        ViolationCode::InvalidVersion,
-                        format!(
-                            "the default version {} (from the image tag) is not a valid version: set `{}` explicitly",
-                            show(&derived),
-                            naming.key(VERSION)
-                        ),
-                    ));
-                }
+        None => None,
+        Some(v) => match reference::parse(v) {
+            Ok(r) => Some(r),
+            Err(problems) => {
+                errs.extend(problems.into_iter().map(|p| violation(key, ViolationCode::InvalidReference, p)));
+                None
             }
+        },
+    }
+}
+
+/// `provider`: one of the known providers, `se` when absent.
+fn provider(g: &Given<'_>, errs: &mut Vec<Violation>) -> Option<Provider> {
+    match g.value(Key::Provider) {
+        None => Some(Provider::Se),
+        Some(name) if providers::named(name).is_some() => providers::named(name),
+        Some(other) => {
+            let names: Vec<&str> = providers::ALL.iter().map(|p| p.wit_name()).collect();
+            errs.push(violation(
+                g.name(Key::Provider),
+                ViolationCode::InvalidProvider,
+                format!("unknown provider {}: accepted values are {} (lowercase)", show(other), listed(&names, "and")),
+            ));
+            None
         }
     }
+}
 
-    // Artifact paths and checksums.
-    let mut paths: [Option<String>; 3] = [None, None, None];
-    let mut shas: [Option<String>; 3] = [None, None, None];
-    for a in 0..3 {
-        let present = values[PATHS + a].is_some() || dup[PATHS + a];
-        if let Some(p) = values[PATHS + a] {
-            match check_path(p) {
-                Ok(()) => paths[a] = Some(String::from(p)),
-                Err(e) => errs.push(violation(naming.key(PATHS + a), ViolationCode::InvalidPath, e)),
-            }
+/// `version`: given, or derived from the reference.
+fn version(g: &Given<'_>, parsed: Option<&reference::Parsed>, errs: &mut Vec<Violation>) -> Option<String> {
+    if g.value(Key::Version).is_some() {
+        return g.checked(Key::Version, errs).map(String::from);
+    }
+    let r = parsed.filter(|_| !g.dup(Key::Version))?;
+    let derived = default_version(&r.source);
+    if kata_addons_facts::is_version(&derived) {
+        return Some(derived);
+    }
+    errs.push(violation(
+        g.name(Key::Version),
+        ViolationCode::InvalidVersion,
+        format!(
+            "the default version {} (from the image tag) is not a valid version: set `{}` explicitly",
+            show(&derived),
+            g.name(Key::Version)
+        ),
+    ));
+    None
+}
+
+/// The kernel, initrd and image keys: paths, the provider's consent, checksums beside
+/// their artifact (the extension's keys are `measured.rs`'s).
+fn boot_artifacts(g: &Given<'_>, provider: Option<Provider>, errs: &mut Vec<Violation>) {
+    for kind in [ArtifactKind::Kernel, ArtifactKind::Initrd, ArtifactKind::Image] {
+        let (Some(path), Some(sha)) = (Key::of(kind, Kind::Path), Key::of(kind, Kind::Sha256)) else { continue };
+        if g.value(path).is_some() {
+            g.checked(path, errs);
             if let Some(pr) = provider
-                && !providers::allowed(pr).contains(&KINDS[a])
+                && !providers::allowed(pr).contains(&kind)
             {
+                let others: Vec<&str> = providers::ALL
+                    .iter()
+                    .filter(|p| providers::allowed(**p).contains(&kind))
+                    .map(|p| p.wit_name())
+                    .collect();
                 errs.push(violation(
-                    naming.key(PATHS + a),
+                    g.name(path),
                     ViolationCode::NotAllowed,
                     format!(
-                        "provider `{}` boots a kernel only: remove `{}` (use provider `tdx` or `snp` for an initrd or image)",
+                        "provider `{}` boots a kernel only: remove `{}` (use provider {} for an initrd or image)",
                         pr.wit_name(),
-                        naming.key(PATHS + a)
+                        g.name(path),
+                        listed(&others, "or")
                     ),
                 ));
             }
         }
-        if let Some(h) = values[SHAS + a] {
-            if is_sha256_hex(h) {
-                shas[a] = Some(String::from(h));
-            } else {
+        if g.value(sha).is_some() {
+            g.checked(sha, errs);
+            if !g.given(path) {
                 errs.push(violation(
-                    naming.key(SHAS + a),
-                    ViolationCode::InvalidSha256,
-                    format!(
-                        "sha256 {} is invalid: exactly 64 lowercase hex characters (0-9, a-f) are accepted",
-                        show(h)
-                    ),
-                ));
-            }
-            if !present {
-                errs.push(violation(
-                    naming.key(SHAS + a),
+                    g.name(sha),
                     ViolationCode::Inconsistent,
-                    format!(
-                        "`{}` is set but `{}` is not: a checksum needs its artifact",
-                        naming.key(SHAS + a),
-                        naming.key(PATHS + a)
-                    ),
+                    format!("`{}` is set but `{}` is not: a checksum needs its artifact", g.name(sha), g.name(path)),
                 ));
             }
         }
     }
-    let present = |a: usize| values[PATHS + a].is_some() || dup[PATHS + a];
-    let measured = crate::measured::resolve(
-        &crate::measured::Inputs {
-            values: core::array::from_fn(|i| (naming.key(MEASURED + i), values[MEASURED + i])),
-            dup: core::array::from_fn(|i| dup[MEASURED + i]),
-            image: (naming.key(PATHS + 2), present(2)),
-            provider,
-        },
-        &mut errs,
-    );
-    let measured_raw: [Option<String>; 7] = core::array::from_fn(|i| values[MEASURED + i].map(String::from));
-    let extension_given = values[MEASURED + 2].is_some() || dup[MEASURED + 2];
-    if !(0..3).any(present) && !extension_given {
+}
+
+/// At least one artifact, and never both an initrd and an image.
+fn artifact_presence(g: &Given<'_>, errs: &mut Vec<Violation>) {
+    let paths: Vec<Key> = Key::ALL.into_iter().filter(|k| k.kind() == Kind::Path).collect();
+    if let Some((first, rest)) = paths.split_first()
+        && !paths.iter().any(|k| g.given(*k))
+    {
+        let rest: Vec<&str> = rest.iter().map(|k| g.name(*k)).collect();
         errs.push(violation(
-            naming.key(PATHS),
+            g.name(*first),
             ViolationCode::Missing,
             format!(
-                "no artifact: set `{}` (and, for providers that allow it, `{}`, `{}` or `{}`)",
-                naming.key(PATHS),
-                naming.key(PATHS + 1),
-                naming.key(PATHS + 2),
-                naming.key(MEASURED + 2)
+                "no artifact: set `{}` (and, for providers that allow it, {})",
+                g.name(*first),
+                listed(&rest, "or")
             ),
         ));
     }
-    if present(1) && present(2) {
+    if g.given(Key::InitrdPath) && g.given(Key::ImagePath) {
         errs.push(violation(
-            naming.key(PATHS + 2),
+            g.name(Key::ImagePath),
             ViolationCode::Conflict,
             format!(
                 "`{}` and `{}` are exclusive: a guest boots either an initrd or an image",
-                naming.key(PATHS + 1),
-                naming.key(PATHS + 2)
+                g.name(Key::InitrdPath),
+                g.name(Key::ImagePath)
             ),
         ));
-    }
-
-    let runtime_classes = match values[RUNTIME_CLASS] {
-        Some(v) => crate::runtime_class::parse(naming.key(RUNTIME_CLASS), v, &mut errs),
-        None => Vec::new(),
-    };
-
-    match (errs.is_empty(), parsed, provider, version) {
-        (true, Some(r), Some(provider), Some(version)) => Ok(Config {
-            image: r.normalised,
-            source: r.source,
-            provider,
-            version,
-            paths,
-            shas,
-            runtime_classes,
-            measured,
-            measured_raw,
-        }),
-        _ => Err(errs),
     }
 }
 
@@ -349,31 +229,7 @@ fn default_version(source: &ImageSource) -> String {
 /// ConfigMap data -> fully resolved `ADDON_*` env list (defaults applied, fixed order).
 pub fn env(data: &[KeyValue]) -> Result<Vec<KeyValue>, Vec<Violation>> {
     let c = resolve(data, Naming::Data).map_err(capped)?;
-    let key = |i: usize| Naming::Env.key(i);
-    let mut out = alloc::vec![
-        KeyValue::new(key(IMAGE), c.image),
-        KeyValue::new(key(PROVIDER), c.provider.wit_name()),
-        KeyValue::new(key(VERSION), c.version),
-    ];
-    for (a, p) in c.paths.into_iter().enumerate() {
-        if let Some(p) = p {
-            out.push(KeyValue::new(key(PATHS + a), p));
-        }
-    }
-    for (a, h) in c.shas.into_iter().enumerate() {
-        if let Some(h) = h {
-            out.push(KeyValue::new(key(SHAS + a), h));
-        }
-    }
-    if !c.runtime_classes.is_empty() {
-        out.push(KeyValue::new(key(RUNTIME_CLASS), c.runtime_classes.join(",")));
-    }
-    for (i, v) in c.measured_raw.into_iter().enumerate() {
-        if let Some(v) = v {
-            out.push(KeyValue::new(key(MEASURED + i), v));
-        }
-    }
-    Ok(out)
+    Ok(c.values.into_env())
 }
 
 /// `ADDON_*` env list + node facts -> install plan.
@@ -389,36 +245,30 @@ pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>
         (Err(errs), Ok(())) => return Err(capped(errs)),
         (Ok(_), Err(p)) => return Err(alloc::vec![p]),
     };
-    let mut artifacts = Vec::new();
-    for (a, (p, h)) in c.paths.into_iter().zip(c.shas).enumerate() {
-        if let Some(source) = p {
-            artifacts.push(Artifact {
-                kind: KINDS[a],
-                source,
-                file_name: String::from(KINDS[a].wit_name()),
-                sha256: h,
-                verity: if KINDS[a] == ArtifactKind::Image { c.measured.image_verity.clone() } else { None },
-                name: None,
-            });
-        }
-    }
-    if let Some((source, name, sha256, verity)) = c.measured.extension {
-        artifacts.push(Artifact {
-            kind: ArtifactKind::Extension,
-            source,
-            file_name: String::from(ArtifactKind::Extension.wit_name()),
-            sha256,
-            verity,
-            name: Some(name),
-        });
-    }
+    // One artifact per path key given, in table order (kernel, initrd, image, extension).
+    let value = |kind: ArtifactKind, of: Kind| Key::of(kind, of).and_then(|k| c.values.get(k)).map(String::from);
+    let artifacts = Key::ALL
+        .into_iter()
+        .filter(|k| k.kind() == Kind::Path)
+        .filter_map(|k| {
+            let kind = k.artifact()?;
+            Some(Artifact {
+                kind,
+                source: String::from(c.values.get(k)?),
+                file_name: String::from(kind.wit_name()),
+                sha256: value(kind, Kind::Sha256),
+                verity: c.verity.of(kind),
+                name: value(kind, Kind::Name),
+            })
+        })
+        .collect();
     Ok(Plan {
         image: c.image,
         source: c.source,
         provider: c.provider,
         version: c.version,
-        runtime_classes: c.runtime_classes,
         runtime_configs: providers::runtime_configs(c.provider, &node.kata_prefix),
+        runtime_classes: c.runtime_classes,
         artifacts,
     })
 }

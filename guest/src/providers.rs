@@ -12,9 +12,6 @@ use crate::wit::{ArtifactKind, Provider};
 /// Every provider, in the order of [`kata_addons_facts::PROVIDERS`].
 pub(crate) const ALL: [Provider; 3] = [Provider::Se, Provider::Tdx, Provider::Snp];
 
-/// Artifact kinds in plan order.
-pub(crate) const KINDS: [ArtifactKind; 3] = [ArtifactKind::Kernel, ArtifactKind::Initrd, ArtifactKind::Image];
-
 /// The provider written `name` in `provider` / `ADDON_PROVIDER` (exact, lowercase).
 pub(crate) fn named(name: &str) -> Option<Provider> {
     ALL.into_iter().find(|p| p.wit_name() == name)

@@ -9,7 +9,7 @@ use serde::ser::{SerializeMap, Serializer};
 
 use kata_addons_facts::{HEADER, HYPERVISOR_TABLE, INSTALL_DIR, drop_in_path, file_name, is_configuration_file_name};
 
-use crate::checks::{check_path, show};
+use crate::checks::{check_path, show, violation};
 use crate::providers;
 use crate::wit::*;
 
@@ -47,10 +47,6 @@ impl Serialize for Nested<'_> {
             }
         }
     }
-}
-
-fn violation(key: &str, code: ViolationCode, message: String) -> Violation {
-    Violation { key: String::from(key), code, message }
 }
 
 /// Checks that a plan is one `plan` could have produced, as far as the drop-in depends on it.

@@ -15,9 +15,10 @@ use crate::policy::KeyValue;
 /// Largest ConfigMap file or key file accepted (Kubernetes caps a ConfigMap at 1 MiB).
 pub const MAX_BYTES: u64 = 1 << 20;
 
-/// Most keys (ConfigMap keys or `ADDON_*` variables) passed to the policy: the contract
-/// knows 9, so this leaves room for typos while bounding the policy's work (a did-you-mean
-/// per unknown key) and its violation list.
+/// Most keys (ConfigMap keys or `ADDON_*` variables) passed to the policy: far more than
+/// the contract knows (the guest's key table, `guest/src/keys.rs`), so this leaves room for
+/// typos while bounding the policy's work (a did-you-mean per unknown key) and its
+/// violation list.
 pub(crate) const MAX_KEYS: usize = 128;
 
 /// Longest key name (Kubernetes' own limit for ConfigMap keys).
