@@ -174,6 +174,8 @@ pub(crate) fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<
                     "runtimeConfig": d.runtime_config, "path": d.path, "contents": d.contents,
                 })).collect::<Vec<_>>(),
                 "note": p.note,
+                "invalidates": crate::attest::invalidates::names(&p.plan),
+                "invalidatesOn": crate::attest::invalidates::targets(&p.plan),
                 "plan": plan_json(&p.plan),
             });
             serde_json::to_writer_pretty(&mut *out, &doc).context("writing JSON")?;
@@ -211,6 +213,9 @@ pub(crate) fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<
                 for line in d.contents.lines() {
                     writeln!(out, "  {line}")?;
                 }
+            }
+            if let Some(l) = crate::attest::invalidates::line(&p.plan) {
+                writeln!(out, "\nAttestation: {l}: register the new reference values (kata-addons reference-values)")?;
             }
             if let Some(n) = &p.note {
                 writeln!(out, "\n({n})")?;

@@ -64,6 +64,22 @@ pub(crate) struct VerityRecord {
     pub outside_sha256: Option<String>,
 }
 
+/// A file kata-addons wrote beside the installed files for attestation (its reference
+/// values, the SE header): verified like every installed file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PublishedRecord {
+    /// Node path (inside the version directory).
+    pub path: String,
+    /// sha256 (hex) of its contents.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// One line saying what it holds (the reference values computed and those not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
 /// One installed drop-in: one per runtime configuration the addon was installed for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -114,6 +130,10 @@ pub(crate) struct State {
     /// empty for the provider's standard configurations.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtime_classes: Vec<String>,
+    /// Files published for attestation in the version directory (`reference-values.json`,
+    /// `se-header.bin`; see `docs/attestation.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub published: Vec<PublishedRecord>,
 }
 
 /// What the image trust policy decided about an installed image.
@@ -250,6 +270,7 @@ impl StateV1 {
             previous_drop_ins: self.previous_drop_ins,
             trust: None,
             runtime_classes: Vec::new(),
+            published: Vec::new(),
         }
     }
 }
@@ -283,6 +304,9 @@ impl State {
             if f.sha256.is_none() && f.verity.as_ref().is_none_or(|v| v.outside_sha256.is_none()) {
                 bail!("files[{i}] has neither a sha256 nor a verity.outsideSha256: nothing to verify it by");
             }
+        }
+        for (i, p) in self.published.iter().enumerate() {
+            check_file_path(&format!("published[{i}].path"), &p.path, &self.version_dir)?;
         }
         for (i, d) in self.drop_ins.iter().enumerate() {
             check_drop_in_path(&format!("dropIns[{i}].path"), &d.path)?;

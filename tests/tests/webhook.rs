@@ -88,6 +88,7 @@ fn valid_configmap_is_allowed_with_a_preview() {
             "version v1.2",
             "kernel /boot/vmlinuz from the image, sha256 aaaa",
             "drop-in sets hypervisor.qemu.kernel = \"/etc/kata-containers/addons/v1.2-<digest>/",
+            "this change invalidates se.version, se.tag, se.image_phkh, kata_addons.kernel.sha256 on kata-se",
         ] {
             assert!(all.contains(want), "warnings lack {want:?}:\n{all}");
         }

@@ -84,6 +84,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             print_status(&st, daemon.as_deref(), output)?;
             Ok(ExitCode::from(st.exit_code()))
         }
+        Command::ReferenceValues(args) => reference_values(&args),
         Command::Webhook(args) => {
             let options = args.options()?;
             let policy = g.load_policy()?;
@@ -131,6 +132,35 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `kata-addons reference-values`: the values of what the state records, printed in the
+/// chosen format; exit 1 when one could not be computed, 3 when nothing is installed.
+fn reference_values(args: &super::ReferenceValuesArgs) -> Result<ExitCode> {
+    let overrides = args.overrides()?;
+    let keys = crate::attest::publish::host_keys(&args.root, &args.host_key_documents)?;
+    let site = crate::node::Site { root: args.root.clone(), lock_timeout: std::time::Duration::ZERO };
+    let Some(st) = install::recorded_state(&site)? else {
+        eprintln!("nothing installed");
+        return Ok(ExitCode::from(3));
+    };
+    let root = crate::node::Root::open(&args.root)?;
+    let published = crate::attest::publish::of_state(&root, &st, &args.runtime_classes, &overrides, &keys)?;
+    let text = match args.output {
+        super::ReferenceValuesFormat::Text => published.text(),
+        super::ReferenceValuesFormat::Json => published.json()?,
+        super::ReferenceValuesFormat::Rvps => published.rvps()?,
+    };
+    print!("{text}");
+    if published.incomplete() {
+        for t in &published.targets {
+            for (name, reason) in t.unavailable() {
+                eprintln!("{}: {name} not computed: {reason}", t.runtime_config);
+            }
+        }
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The async runtime for network commands.
@@ -196,6 +226,17 @@ fn print_install(outcome: &Outcome) {
             if let Some(t) = &st.trust {
                 println!("  trust   {}", t.summary());
             }
+            print_published(st);
+        }
+    }
+}
+
+/// The files published for attestation and what they hold (`docs/attestation.md`).
+fn print_published(st: &crate::state::State) {
+    for p in &st.published {
+        match &p.summary {
+            Some(s) => println!("  attest  {}: {s}", p.path),
+            None => println!("  attest  {}", p.path),
         }
     }
 }
@@ -251,6 +292,7 @@ fn print_status(st: &install::Status, daemon: Option<&[String]>, output: StatusF
                 if let Some(t) = &s.trust {
                     println!("  trust   {}", t.summary());
                 }
+                print_published(s);
                 for e in &st.effective {
                     println!("  effective [{}] of {}:", e.table, e.runtime_config);
                     for (k, v) in [("kernel", &e.kernel), ("initrd", &e.initrd), ("image", &e.image)] {

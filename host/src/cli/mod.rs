@@ -259,6 +259,9 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         ready_file: Option<PathBuf>,
     },
+    /// Print the reference values of what is installed, per target runtime configuration
+    /// (exit 1 when a value could not be computed, 3 when nothing is installed).
+    ReferenceValues(ReferenceValuesArgs),
     /// DaemonSet entry point: do the action, report readiness, wait for SIGTERM.
     Daemon {
         /// What to do on this node.
@@ -315,6 +318,43 @@ pub enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+}
+
+/// `kata-addons reference-values` options (docs/attestation.md).
+#[derive(Debug, Clone, Args)]
+pub struct ReferenceValuesArgs {
+    /// The node's root filesystem.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = ReferenceValuesFormat::Text)]
+    pub output: ReferenceValuesFormat,
+    /// Only the target of this RuntimeClass handler (repeatable; default: every target).
+    #[arg(long = "runtime-class", value_name = "HANDLER")]
+    pub runtime_classes: Vec<String>,
+    /// IBM SE host key document (X.509 certificate of an EC P-521 host key; repeatable).
+    #[arg(long = "host-key-document", value_name = "FILE")]
+    pub host_key_documents: Vec<PathBuf>,
+    /// AMD SNP: the vCPU type QEMU runs the guest with.
+    #[arg(long, value_name = "TYPE")]
+    pub vcpu_type: Option<String>,
+    /// AMD SNP: the vCPU count, or an inclusive range `A-B`, to publish values for.
+    #[arg(long, value_name = "N|A-B")]
+    pub vcpus: Option<String>,
+    /// Appended to the kernel command line Kata composes.
+    #[arg(long, value_name = "STR")]
+    pub append: Option<String>,
+}
+
+/// `reference-values` output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReferenceValuesFormat {
+    /// For people.
+    Text,
+    /// The values with their inputs and provenance.
+    Json,
+    /// One Trustee RVPS message (`sample` format) per target, one per line.
+    Rvps,
 }
 
 /// `policy` subcommands.

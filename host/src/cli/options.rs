@@ -291,3 +291,35 @@ impl DaemonFlags<'_> {
         })
     }
 }
+
+impl super::ReferenceValuesArgs {
+    /// The run-time facts given on the command line, range-checked.
+    pub(super) fn overrides(&self) -> Result<crate::attest::Overrides> {
+        let vcpus = match &self.vcpus {
+            None => None,
+            Some(v) => {
+                let bad = || usage(format!("--vcpus must be a count N or a range A-B of counts 1 to 512, got {v:?}"));
+                let (a, b) = v.split_once('-').unwrap_or((v, v));
+                let a: u32 = a.trim().parse().map_err(|_| bad())?;
+                let b: u32 = b.trim().parse().map_err(|_| bad())?;
+                if a == 0 || b < a || b > 512 {
+                    return Err(bad());
+                }
+                Some((a, b))
+            }
+        };
+        if let Some(t) = &self.vcpu_type
+            && (t.is_empty() || t.len() > 64 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
+        {
+            return Err(usage(format!(
+                "--vcpu-type must be a QEMU CPU model name (letters, digits, -, _, .), got {t:?}"
+            )));
+        }
+        if let Some(a) = &self.append
+            && (a.len() > 4096 || a.chars().any(char::is_control))
+        {
+            return Err(usage("--append must be at most 4096 bytes without control characters".to_string()));
+        }
+        Ok(crate::attest::Overrides { vcpu_type: self.vcpu_type.clone(), vcpus, append: self.append.clone() })
+    }
+}

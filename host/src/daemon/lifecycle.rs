@@ -47,6 +47,8 @@ struct Run<'a> {
     watch_stale: bool,
     /// The "drift repair:" line was logged.
     announced: bool,
+    /// Where the reference values of the applied input are and what they hold.
+    attest: Option<String>,
 }
 
 impl Daemon {
@@ -99,6 +101,7 @@ impl Daemon {
             readiness: None,
             watch_stale: true,
             announced: false,
+            attest: None,
         };
         let result = run.start(stop).await;
         if let Some(lock) = run.lock.take() {
@@ -334,6 +337,9 @@ impl Run<'_> {
 
     /// `input` is on the node.
     fn applied(&mut self, obs: Observed) {
+        if obs.attest.is_some() {
+            self.attest = obs.attest.clone();
+        }
         self.good = Some(self.input.clone());
         self.settled = Some(self.digest.clone());
         self.failing = None;
@@ -354,6 +360,9 @@ impl Run<'_> {
             None if self.good.is_none() => None,
             None => {
                 let mut l = vec![format!("owner: this daemon, pid {}", self.me.pid)];
+                if let Some(a) = &self.attest {
+                    l.push(format!("reference values: {a}"));
+                }
                 if let (Some(f), Some(retry)) = (&self.failing, self.backoff.pending(&self.digest)) {
                     l.push(format!("failing: {f}"));
                     l.push(format!("retry: {}", retry.describe()));

@@ -259,10 +259,16 @@ impl Daemon {
             obs,
         )
         .await?;
+        let attest = obs.attest.as_deref().unwrap_or("none published");
         match outcome {
-            Outcome::UpToDate(st) => tracing::info!(version = %st.version, "up to date"),
-            Outcome::Repaired(st, _) => tracing::info!(version = %st.version, "repaired"),
-            Outcome::Installed(st) => tracing::info!(version = %st.version, digest = %st.manifest_digest, "installed"),
+            Outcome::UpToDate(st) => tracing::info!(version = %st.version, reference_values = %attest, "up to date"),
+            Outcome::Repaired(st, _) => tracing::info!(version = %st.version, reference_values = %attest, "repaired"),
+            Outcome::Installed(st) => tracing::info!(
+                version = %st.version,
+                digest = %st.manifest_digest,
+                reference_values = %attest,
+                "installed; reference values written"
+            ),
         }
         Ok(())
     }

@@ -46,4 +46,7 @@ pub struct Observed {
     pub digest: Option<String>,
     /// Out: installed files hashed to check them.
     pub hashed: usize,
+    /// Out: where the reference values are and what they hold (`docs/attestation.md`),
+    /// after a successful install.
+    pub attest: Option<String>,
 }

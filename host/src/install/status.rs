@@ -178,6 +178,12 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
             Depth::Size => sized(&f.path, f.size),
         });
     }
+    for p in &st.published {
+        problems.extend(match artifacts {
+            Depth::Hash => hashed(&p.path, &p.sha256),
+            Depth::Size => sized(&p.path, p.size),
+        });
+    }
     for d in &st.drop_ins {
         problems.extend(hashed(&d.path, &d.sha256));
     }

@@ -19,6 +19,7 @@ use super::sweep::{STAGING_PREFIX, sweep_leftovers, tmp_drop_in_name};
 use super::target::{Target, target};
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
+use crate::attest::publish as attest;
 use crate::fetch::{Pull, PullOptions, Wanted};
 use crate::hash::sha256_hex;
 use crate::layout;
@@ -27,7 +28,7 @@ use crate::node::{self, Root, Site, remove_entry};
 use crate::policy::{DropIn, ImageSource, Plan, Policy};
 use crate::runtime::Selection;
 use crate::source::ImageRef;
-use crate::state::{self, DropInRecord, FileRecord, State, TrustRecord};
+use crate::state::{self, DropInRecord, FileRecord, PublishedRecord, State, TrustRecord};
 
 /// Work of one install not committed yet: the staging (then version) directory in the
 /// install directory and the temporary drop-ins beside runtime configurations. Dropping
@@ -214,6 +215,7 @@ pub async fn install_observed(
 ) -> Result<Outcome> {
     let known = std::mem::take(&mut obs.facts);
     obs.digest = None;
+    obs.attest = None;
     let started = Instant::now();
     let root = Root::open(&site.root)?;
     // Image trust first (docs/design.md#image-trust): nothing is written on the node for an
@@ -245,8 +247,11 @@ pub async fn install_observed(
         match file_drift(plan, old, &tx.target, &known, obs)? {
             None => {
                 let outcome = tx.rewrite_drop_ins(old);
-                if outcome.is_err() {
-                    obs.facts.clear();
+                match &outcome {
+                    Ok(Outcome::UpToDate(st) | Outcome::Repaired(st, _) | Outcome::Installed(st)) => {
+                        obs.attest = published_summary(st)
+                    }
+                    Err(_) => obs.facts.clear(),
                 }
                 return outcome;
             }
@@ -258,6 +263,7 @@ pub async fn install_observed(
     let st = tx.switch(&pull, &image).await?;
     obs.digest = Some(st.manifest_digest.clone());
     obs.facts = installed_facts(plan, &st, &tx.target);
+    obs.attest = published_summary(&st);
     tracing::info!(
         version = %st.version,
         digest = %st.manifest_digest,
@@ -342,8 +348,10 @@ impl<'a> Transaction<'a> {
         let all: Vec<(usize, &DropIn)> = drop_ins.iter().enumerate().collect();
         stage_drop_ins(t, &all, &mut work)?;
 
-        // 3. Write the state, naming what the commit will make obsolete.
+        // 3. The reference values of what the commit will put in effect (an IBM SE kernel
+        // without a header for a confidential guest is refused here), then the state.
         let mut st = self.new_state(&dir_name, report_digest, &files, &checked, records(&drop_ins, t), trust);
+        st.published = self.publish(&dir_name, &drop_ins, &st.files)?;
         state::write(&t.addons, &st)?;
         // The state refers to the new directory now: a failed commit leaves it for the next run.
         work.keep_dir();
@@ -355,6 +363,28 @@ impl<'a> Transaction<'a> {
         // 5. Remove what the commit made obsolete.
         self.gc(&mut st)?;
         Ok(st)
+    }
+
+    /// Computes the reference values of the targets as the rendered drop-ins will leave
+    /// them and writes them into the version directory `dir_name` (`docs/attestation.md`).
+    fn publish(&self, dir_name: &str, drop_ins: &[DropIn], files: &[FileRecord]) -> Result<Vec<PublishedRecord>> {
+        let t = &self.target;
+        let pending: Vec<attest::Pending<'_>> = drop_ins
+            .iter()
+            .zip(&t.configs)
+            .map(|(d, c)| attest::Pending {
+                runtime_config: &c.runtime_config,
+                rel: &c.rel,
+                handler: c.handler.clone(),
+                drop_in: &d.path,
+                contents: &d.contents,
+            })
+            .collect();
+        let targets = attest::pending_targets(&self.root, self.plan.provider, &pending, files)?;
+        let dir = t.addons.open_dir(dir_name).with_context(|| format!("opening {INSTALL_DIR}/{dir_name}"))?;
+        let records = attest::at_install(&targets, &dir, &format!("{INSTALL_DIR}/{dir_name}"))?;
+        node::fsync_dir(&dir)?;
+        Ok(records)
     }
 
     /// The state of the new version in `dir_name`, with what it makes obsolete.
@@ -406,6 +436,7 @@ impl<'a> Transaction<'a> {
             previous_drop_ins,
             trust: Some(trust),
             runtime_classes: super::target::plan_runtime_classes(plan).to_vec(),
+            published: Vec::new(),
         }
     }
 
@@ -597,10 +628,33 @@ fn file_drift(plan: &Plan, st: &State, t: &Target, known: &FileFacts, obs: &mut 
         drift = Some(why);
         break;
     }
+    if drift.is_none() {
+        drift = published_drift(st, &t.addons);
+    }
     tracing::debug!(hashed, unchanged, "installed files checked");
     obs.hashed += hashed;
     obs.facts = if drift.is_none() { facts } else { FileFacts::new() };
     Ok(drift)
+}
+
+/// Where the reference values of `st` are and what they hold, in one line.
+fn published_summary(st: &State) -> Option<String> {
+    st.published.iter().find_map(|p| p.summary.as_ref().map(|s| format!("{}: {s}", p.path)))
+}
+
+/// What differs of the files published for attestation (they are small: always hashed).
+fn published_drift(st: &State, addons: &Dir) -> Option<String> {
+    for p in &st.published {
+        let name = p.path.rsplit('/').next().unwrap_or_default();
+        let why = match node::hash_file(addons, &Path::new(&st.version_dir).join(name)) {
+            Ok(Some((sha, _))) if sha == p.sha256 => continue,
+            Ok(Some((sha, _))) => format!("{} was edited (sha256 {sha}, expected {})", p.path, p.sha256),
+            Ok(None) => format!("{} was missing", p.path),
+            Err(e) => format!("{} is unusable ({e:#})", p.path),
+        };
+        return Some(why);
+    }
+    None
 }
 
 /// The metadata of the files `st` records, just written and verified by the install.

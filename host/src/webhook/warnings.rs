@@ -70,6 +70,9 @@ pub(crate) fn preview_warnings(p: &Preview) -> Vec<String> {
     for s in sets {
         lines.push(format!("kata-addons: drop-in sets {s}"));
     }
+    if let Some(l) = crate::attest::invalidates::line(plan) {
+        lines.push(format!("kata-addons: {l}"));
+    }
     if crate::layout::pinned_digest(plan).is_none() {
         lines.push(format!(
             "kata-addons: {} = first 12 hex digits of the manifest digest, known after the pull",
