@@ -93,7 +93,7 @@ pub(crate) fn find(file: &std::fs::File, name: &str) -> Result<Header> {
     for (i, w) in window.windows(MAGIC.len()).enumerate() {
         if w == MAGIC {
             let at = SEARCH_START + i as u64;
-            if at % ROW == 0 { aligned.push(at) } else { misaligned.push(at) }
+            if at.is_multiple_of(ROW) { aligned.push(at) } else { misaligned.push(at) }
         }
     }
     let offset = match aligned.as_slice() {
