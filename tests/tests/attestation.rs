@@ -439,3 +439,48 @@ fn verity_root() -> String {
         "278d7cfa2bf79e43ca873d5f203bf2622358a5c0cbbadc3b0d3757675fa1a6ef"
     )
 }
+
+#[test]
+fn the_daemon_publishes_with_every_install_and_says_so() {
+    use kata_addons_tests::daemon::{ConfigMapDir, Daemon, wait_for};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tmp");
+    let cache = dir.path();
+    let node = se_node(Some(true));
+    let images: Vec<(String, Vec<u8>)> = (0..2u64)
+        .map(|i| {
+            let hdr = Hdr::new(vec![[i as u8 + 1; 32]], 40 + i).bytes();
+            let kernel = se_image(&hdr, 0x14000, 0x20000, 50 + i);
+            let layout = cache.join(format!("daemon-{i}"));
+            layout_with(&layout, &format!("d{i}"), &[("vmlinuz", &kernel)]);
+            (format!("oci:{}:d{i}", layout.display()), hdr)
+        })
+        .collect();
+    let tag = |hdr: &[u8]| hex::encode(&hdr[hdr.len() - 16..]);
+    let mut cm = ConfigMapDir::new(&[("addonImage", &images[0].0), ("kernelPath", "/vmlinuz")]);
+    let ready = cache.join("ready");
+    let mut d = Daemon::start(node.root(), cm.path(), &ready, cache.join("daemon.log"));
+    let published = |node: &Node| {
+        std::fs::read_to_string(node.path(&format!("{}/reference-values.json", version_dir(node)))).unwrap_or_default()
+    };
+    for (i, (image, hdr)) in images.iter().enumerate() {
+        if i > 0 {
+            cm.update(&[("addonImage", image), ("kernelPath", "/vmlinuz")]);
+        }
+        let dir_now = || format!("{}/reference-values.json", version_dir(&node));
+        wait_for(
+            "the reference values in the readiness file",
+            Duration::from_secs(60),
+            || {
+                node.path("/etc/kata-containers/addons/state.json").exists()
+                    && published(&node).contains(&tag(hdr))
+                    && std::fs::read_to_string(&ready)
+                        .is_ok_and(|r| r.contains(&format!("reference values: {}", dir_now())))
+            },
+            || d.log(),
+        );
+        assert!(d.log().contains("reference values written"), "{}", d.log());
+    }
+    d.signal("TERM");
+    assert_eq!(d.wait_exit(Duration::from_secs(60)), Some(0), "{}", d.log());
+}
