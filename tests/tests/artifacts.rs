@@ -594,11 +594,12 @@ fn the_coco_extension_disk_installs_as_an_extension() {
     }
 }
 
-/// The README's worked example: its `oras push` of a kernel, then its ConfigMap, installed.
+/// The worked example of docs/configuration.md: its `oras push` of a kernel, then its ConfigMap, installed.
 #[test]
-fn the_readme_worked_example_installs() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README");
-    let section = &readme[readme.find("## OCI artifacts").expect("README section on OCI artifacts")..];
+fn the_documented_worked_example_installs() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md"))
+        .expect("docs/configuration.md");
+    let section = &doc[doc.find("## OCI artifacts").expect("docs/configuration.md section on OCI artifacts")..];
     let block = |fence: &str| {
         let start = section.find(fence).expect("code block") + fence.len();
         section[start..start + section[start..].find("```").expect("end of block")].to_string()

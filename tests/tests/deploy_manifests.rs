@@ -58,6 +58,11 @@ fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/deploy")
 }
 
+/// The deployment guide (docs/deployment.md).
+fn deployment_doc() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deployment.md")
+}
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
@@ -892,10 +897,10 @@ fn cluster_proxy_comes_from_an_optional_configmap_the_runner_reads() {
         assert!(m.config_maps.iter().all(|c| c.metadata.name.as_deref() != Some(PROXY_CONFIGMAP)), "not shipped");
     }
     // The documented source: OpenShift's proxy/cluster status, one key per variable.
-    let readme = read(&deploy_dir().join("README.md"));
+    let readme = read(&deployment_doc());
     for (key, field) in [("HTTP_PROXY", "httpProxy"), ("HTTPS_PROXY", "httpsProxy"), ("NO_PROXY", "noProxy")] {
         let line = format!("--from-literal={key}=\"$(oc get proxy/cluster -o jsonpath='{{.status.{field}}}')\"");
-        assert!(readme.contains(&line), "host/deploy/README.md fills {key} from proxy/cluster: {line}");
+        assert!(readme.contains(&line), "docs/deployment.md fills {key} from proxy/cluster: {line}");
     }
     assert!(readme.contains(&format!("create configmap {PROXY_CONFIGMAP}")));
     assert!(readme.contains("rollout restart daemonset/kata-addons"), "env changes need a restart");
@@ -1051,32 +1056,33 @@ fn kustomizations_use_every_manifest_and_overlays_are_siblings_of_their_base() {
 }
 
 #[test]
-fn readme_commands_parse() {
-    let text = read(&deploy_dir().join("README.md"));
+fn documented_commands_parse() {
+    let text = read(&deployment_doc());
     let mut seen = 0;
     for line in text.lines() {
         let line = line.trim();
         let Some(rest) = line.strip_prefix("kata-addons ") else { continue };
         let argv: Vec<String> =
             std::iter::once("kata-addons").chain(rest.split_whitespace()).map(String::from).collect();
-        check_cli("README", &argv);
+        check_cli("docs/deployment.md", &argv);
         seen += 1;
     }
-    assert!(seen >= 2, "README shows the preview commands");
+    assert!(seen >= 2, "docs/deployment.md shows the preview commands");
     let cli = check_cli(
-        "README",
+        "docs/deployment.md",
         &["kata-addons", "preview", "--configmap", "cm.yaml", "--output", "yaml"].map(String::from),
     );
     assert!(matches!(cli.command, Command::Preview { output: kata_addons::cli::PreviewFormat::Yaml, .. }));
     assert!(text.contains("preview --configmap cm.yaml --output yaml"));
     for name in POLICY_ENV.iter().chain(RUNNER_ENV) {
-        assert!(text.contains(name), "README names {name}");
+        assert!(text.contains(name), "docs/deployment.md names {name}");
     }
-    // Every `apply -k` / `delete -k` in both READMEs names a kustomization, and each
-    // workload kustomization has its apply command.
+    // Every `apply -k` / `delete -k` in the README, the deployment guide and host/deploy's
+    // index names a kustomization, and each workload kustomization has its apply command.
     let top = read(&deploy_dir().join("../../README.md"));
+    let index = read(&deploy_dir().join("README.md"));
     let mut applied = BTreeSet::new();
-    for (file, t) in [("host/deploy/README.md", &text), ("README.md", &top)] {
+    for (file, t) in [("docs/deployment.md", &text), ("README.md", &top), ("host/deploy/README.md", &index)] {
         for w in t.split("-k ").skip(1) {
             let dir: String = w.chars().take_while(|c| !c.is_whitespace() && *c != '`' && *c != ')').collect();
             let Some(sub) = dir.strip_prefix("host/deploy/") else {
@@ -1092,7 +1098,7 @@ fn readme_commands_parse() {
         }
     }
     for k in WORKLOAD_KUSTOMIZATIONS {
-        assert!(applied.contains(*k), "the READMEs show how to apply host/deploy/{k}");
+        assert!(applied.contains(*k), "the docs show how to apply host/deploy/{k}");
     }
 }
 // ---------------------------------------------------------------------------------------

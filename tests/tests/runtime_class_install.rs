@@ -301,12 +301,13 @@ fn machineconfig_mode_configmap_file_with_runtime_class() {
     assert!(node.config_d_of(&tdx).is_empty());
 }
 
-/// The README's RuntimeClass example is a ConfigMap the policy accepts, with the handlers
-/// in the plan.
+/// The RuntimeClass example of docs/configuration.md is a ConfigMap the policy accepts, with
+/// the handlers in the plan.
 #[test]
-fn readme_runtime_class_example_is_accepted() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README");
-    let section = &readme[readme.find("## Targeting by RuntimeClass").expect("section")..];
+fn documented_runtime_class_example_is_accepted() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md"))
+        .expect("docs/configuration.md");
+    let section = &doc[doc.find("## Targeting by RuntimeClass").expect("section")..];
     let start = section.find("```yaml\n").expect("yaml block") + 8;
     let yaml = &section[start..start + section[start..].find("```").expect("end")];
     let cm = tempfile::NamedTempFile::new().expect("configmap");

@@ -57,7 +57,7 @@ const LOCATIONS: &[Location] = &[
     Location {
         runtime: "k0s containerd",
         main: "/etc/k0s/containerd.toml",
-        // docs/runtime.md of k0s: files in containerd.d are added as imports while
+        // k0s (k0sproject/k0s:docs/runtime.md): files in containerd.d are added as imports while
         // containerd.toml is k0s-managed (its `# k0s_managed=true` line).
         managed_drop_ins: Some(("/etc/k0s/containerd.d", "# k0s_managed=true")),
     },
