@@ -23,6 +23,7 @@ pub mod logging;
 mod measured;
 pub mod node;
 mod nodefs;
+mod plan;
 pub mod policy;
 pub mod preview;
 mod progress;

@@ -9,9 +9,7 @@ use serde_json::json;
 use crate::configmap::Input;
 use crate::layout;
 use crate::node::Root;
-use crate::policy::{
-    DropIn, ImageSource, InstalledFile, KeyValue, NodeOptions, Plan, Policy, PolicyError, path_only_facts,
-};
+use crate::policy::{DropIn, ImageSource, InstalledFile, KeyValue, Plan, Policy, PolicyError, path_only_facts};
 use crate::runtime::Selection;
 
 /// `preview` output formats.
@@ -42,39 +40,10 @@ pub struct Preview {
     pub note: Option<String>,
 }
 
-/// Runs the policy on the configuration: ConfigMap -> env (`env`) -> plan (`plan`), for
-/// kata-deploy's default prefix. `ADDON_*` environment input goes straight to `plan`.
-pub(crate) fn plan(policy: &Policy, input: &Input) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
-    plan_for(policy, input, kata_addons_facts::DEFAULT_KATA_PREFIX)
-}
-
-/// [`plan`] for kata-deploy's installation prefix `kata_prefix` (`--kata-prefix`).
-pub(crate) fn plan_for(
-    policy: &Policy,
-    input: &Input,
-    kata_prefix: &str,
-) -> Result<(Vec<KeyValue>, Plan), PolicyError> {
-    let env = match input {
-        Input::ConfigMap { data, .. } => policy.env(data)?,
-        // The values `plan` acts on: the policy's own trimming (all-blank = empty, which the
-        // policy treats as absent), so `preview` echoes what install uses. Names are kept,
-        // so an unknown `ADDON_*` name is still reported whatever its value.
-        Input::Env(env) => env
-            .iter()
-            .map(|kv| KeyValue {
-                name: kv.name.clone(),
-                value: kata_addons_facts::trimmed(&kv.value).unwrap_or_default().to_string(),
-            })
-            .collect(),
-    };
-    let plan = policy.plan_for(&env, &NodeOptions { kata_prefix: kata_prefix.to_string() })?;
-    Ok((env, plan))
-}
-
 /// Runs `env` (for ConfigMap input), `plan` and `render` without looking at any node:
 /// the drop-in is shown for the plan's first candidate (OpenShift's path).
 pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
-    let (env, plan) = plan(policy, input)?;
+    let (env, plan) = crate::plan::of_default_prefix(policy, input)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = crate::measured::installed(layout::installed_files(&plan, &dir), &crate::measured::preview(&plan));
     let first: Vec<_> = plan.runtime_configs.iter().take(1).map(|p| path_only_facts(p)).collect();
@@ -90,7 +59,7 @@ pub(crate) fn compute_on(
     root: &std::path::Path,
     selection: &Selection,
 ) -> Result<Preview> {
-    let (env, plan) = plan_for(policy, input, &selection.kata_prefix)?;
+    let (env, plan) = crate::plan::of(policy, input, &selection.kata_prefix)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = crate::measured::installed(layout::installed_files(&plan, &dir), &crate::measured::preview(&plan));
     let handlers = crate::install::target::plan_runtime_classes(&plan);

@@ -14,7 +14,7 @@ use crate::configmap::Input;
 use crate::fetch::{self, PullOptions, Wanted};
 use crate::install::{self, Outcome};
 use crate::source::ImageRef;
-use crate::{GUEST_WASM, daemon, preview, webhook};
+use crate::{GUEST_WASM, daemon, plan, preview, webhook};
 
 /// Runs one command; the exit code for success paths, an error otherwise.
 pub fn run(cli: Cli) -> Result<ExitCode> {
@@ -50,7 +50,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let input = Input::load(&config.source())?;
             let policy = g.load_policy()?;
             let selection = layout.selection();
-            let (_, plan) = preview::plan_for(&policy, &input, &selection.kata_prefix)?;
+            let (_, plan) = plan::of(&policy, &input, &selection.kata_prefix)?;
             let outcome = runtime()?.block_on(install::install(
                 &policy,
                 &plan,

@@ -16,8 +16,8 @@ use super::backoff::Backoff;
 use super::{Daemon, parent};
 use crate::configmap::Input;
 use crate::install::{self, FileFacts, Observed, Outcome, Pin};
+use crate::plan;
 use crate::policy::Policy;
-use crate::preview;
 
 /// How deep a check looks at the installed files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl Daemon {
             facts: if full { FileFacts::new() } else { std::mem::take(&mut r.facts) },
             ..Default::default()
         };
-        let result = match preview::plan_for(policy, input, &self.o.selection.kata_prefix) {
+        let result = match plan::of(policy, input, &self.o.selection.kata_prefix) {
             Ok((_, plan)) => {
                 install::install_observed(
                     policy,
@@ -201,7 +201,7 @@ impl Daemon {
     pub(super) fn watch_dirs(&self, policy: &Policy, input: &Input) -> BTreeSet<PathBuf> {
         let mut node_dirs: Vec<String> = Vec::new();
         let mut runtime_classes = false;
-        if let Ok((_, plan)) = preview::plan_for(policy, input, &self.o.selection.kata_prefix) {
+        if let Ok((_, plan)) = plan::of(policy, input, &self.o.selection.kata_prefix) {
             node_dirs.extend(plan.runtime_configs.iter().map(|c| parent(c).to_string()));
             runtime_classes |= !install::target::plan_runtime_classes(&plan).is_empty();
         }
@@ -248,7 +248,7 @@ impl Daemon {
 
     /// Installs `input` (a ConfigMap change, or the first action), reporting in `obs`.
     pub(super) async fn install(&self, policy: &Policy, input: &Input, obs: &mut Observed) -> Result<()> {
-        let (_, plan) = preview::plan_for(policy, input, &self.o.selection.kata_prefix)?;
+        let (_, plan) = plan::of(policy, input, &self.o.selection.kata_prefix)?;
         let outcome = install::install_observed(
             policy,
             &plan,
