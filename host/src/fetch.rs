@@ -121,6 +121,17 @@ impl<'a> Pull<'a> {
         }
     }
 
+    /// Admits or refuses `image` by the trust policy before anything is written: what the
+    /// policy decides without signatures (a `reject`, an all-`insecureAcceptAnything` scope)
+    /// is decided at once; a policy that needs signatures is checked on the digest resolved
+    /// now (and kept for the rest of this pull).
+    pub(crate) async fn admit(&self, image: &ImageRef) -> Result<()> {
+        if let trust::Gate::NeedsSignatures = trust::gate(&self.opts.trust, image)? {
+            self.resolve(image).await?;
+        }
+        Ok(())
+    }
+
     /// Resolves an image to its platform manifest without reading layers, and checks the
     /// trust policy on it.
     pub(crate) async fn resolve(&self, image: &ImageRef) -> Result<Resolved> {

@@ -223,9 +223,7 @@ pub async fn install_observed(
     // digest now.
     let mut image = image_ref(plan);
     let pull = Pull::new(opts);
-    if let crate::trust::Gate::NeedsSignatures = crate::trust::gate(&opts.trust, &image)? {
-        pull.resolve(&image).await?;
-    }
+    pull.admit(&image).await?;
     let tx = Transaction::begin(policy, plan, root, site, selection).await?;
     let recorded = tx.old.as_ref().filter(|o| pin == Pin::Recorded && same_request(plan, &o.manifest_digest, o));
     // Drift repair restores the recorded digest (trusted when it was installed).
