@@ -207,12 +207,12 @@ pub(crate) fn preview(plan: &Plan) -> Vec<Checked> {
 }
 
 /// The facts `render` takes of one runtime configuration found on the node: its boot keys
-/// and extension images in effect without kata-addons' drop-in ([`crate::runtime_facts`]).
+/// and extension images in effect without kata-addons' drop-in ([`crate::kata_config::facts`]).
 pub(crate) fn runtime_config_facts(
     root: &crate::node::Root,
-    rc: &crate::runtime::RuntimeConfig,
+    rc: &crate::kata_config::files::RuntimeConfig,
 ) -> Result<crate::policy::RuntimeConfigFacts> {
-    let f = crate::runtime_facts::read(
+    let f = crate::kata_config::facts::read(
         root,
         &rc.rel,
         &rc.resolved,

@@ -7,10 +7,10 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::configmap::Input;
+use crate::kata_config::files::Selection;
 use crate::layout;
 use crate::node::Root;
 use crate::policy::{DropIn, ImageSource, InstalledFile, KeyValue, Plan, Policy, PolicyError, path_only_facts};
-use crate::runtime::Selection;
 
 /// `preview` output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,9 +63,9 @@ pub(crate) fn compute_on(
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = crate::measured::installed(layout::installed_files(&plan, &dir), &crate::measured::preview(&plan));
     let handlers = crate::install::target::plan_runtime_classes(&plan);
-    let tee = crate::runtime_class::Tee::of(plan.provider);
+    let tee = crate::kata_config::runtime_class::Tee::of(plan.provider);
     let found = Root::open(root).and_then(|r| {
-        let found = crate::runtime_class::discover(&r, handlers, tee, &plan.runtime_configs, selection)?;
+        let found = crate::kata_config::runtime_class::discover(&r, handlers, tee, &plan.runtime_configs, selection)?;
         found
             .iter()
             .map(|c| {

@@ -18,8 +18,8 @@ pub(crate) mod se;
 
 use crate::node::Root;
 use crate::policy::Provider;
-use crate::runtime::{self, Fragment, Setting};
-use crate::runtime_facts::{self, ExtensionImage};
+use crate::kata_config::files::{self as runtime, Fragment, Setting};
+use crate::kata_config::facts::{self as runtime_facts, ExtensionImage};
 use crate::state::FileRecord;
 
 /// One reference value as Trustee's RVPS stores it: a name and the accepted values.

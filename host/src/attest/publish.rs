@@ -13,7 +13,7 @@ use super::{Overrides, Target, hkd, se};
 use crate::hash::sha256_hex;
 use crate::node::{self, Root};
 use crate::policy::Provider;
-use crate::runtime::{self, Fragment};
+use crate::kata_config::files::{self as runtime, Fragment};
 use crate::state::{FileRecord, PublishedRecord, State};
 
 /// The reference values, beside the installed files.
@@ -41,7 +41,7 @@ pub(crate) struct Pending<'a> {
 /// in byte order of the name).
 fn fragments_with(root: &Root, p: &Pending<'_>) -> Result<Vec<Fragment>> {
     let name = p.drop_in.rsplit('/').next().unwrap_or_default();
-    let mut all = crate::runtime_facts::fragments_without(root, p.rel, name)?;
+    let mut all = crate::kata_config::facts::fragments_without(root, p.rel, name)?;
     let ours = Fragment {
         path: p.drop_in.to_string(),
         table: toml::from_str::<toml::Table>(p.contents).map_err(|e| e.message().to_string()),

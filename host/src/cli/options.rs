@@ -13,9 +13,9 @@ use super::{
 use crate::error::{invalid, usage};
 use crate::extract::Limits;
 use crate::fetch::PullOptions;
+use crate::kata_config::files::Selection;
 use crate::node::Site;
 use crate::policy::{self, PolicyOptions};
-use crate::runtime::Selection;
 use crate::source::{Platform, RegistryOptions, proxy, retry};
 use crate::trust::TrustOptions;
 use crate::{configmap, daemon, logging, preview, webhook};

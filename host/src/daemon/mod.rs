@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use crate::configmap;
 use crate::fetch::PullOptions;
+use crate::kata_config::files::Selection;
 use crate::node::Site;
-use crate::runtime::Selection;
 
 /// `daemon` actions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,8 +9,9 @@ use cap_std::fs::Dir;
 
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
+use crate::kata_config::files as runtime;
 use crate::node::{self, Root};
-use crate::{runtime, state};
+use crate::state;
 
 /// Opens a node directory if it exists (never creates it).
 pub(super) fn open_dir_if_exists(root: &Root, node_dir: &str) -> Result<Option<Dir>> {
@@ -54,7 +55,7 @@ pub(super) fn known_config_dirs(root: &Root, kata_prefix: &str, given: &[String]
     let candidates = kata_addons_facts::known_runtime_configs(kata_prefix);
     // Every Kata configuration a RuntimeClass handler on the node runs (GPU shims, custom
     // runtimes, multi-installs): drop-ins there are kata-addons' too, state or not.
-    let handlers = crate::runtime_class::config_paths(root).unwrap_or_else(|e| {
+    let handlers = crate::kata_config::runtime_class::config_paths(root).unwrap_or_else(|e| {
         tracing::warn!("skipped the CRI configuration while looking for kata-addons files: {e:#}");
         Vec::new()
     });

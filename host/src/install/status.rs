@@ -6,8 +6,8 @@ use anyhow::{Context, Result};
 
 use super::discovery::open_addons;
 use super::integrity::Finding;
+use crate::kata_config::files as runtime;
 use crate::node::{self, Root, Site};
-use crate::runtime;
 use crate::state::{self, DropInRecord, State};
 
 /// Result of `status`.
@@ -98,7 +98,7 @@ fn check_effective(
         }
     }
     let table_ref: Vec<&str> = table.iter().map(String::as_str).collect();
-    problems.extend(crate::runtime_facts::stale_extensions(&fragments, &d.path, &table_ref, installed));
+    problems.extend(crate::kata_config::facts::stale_extensions(&fragments, &d.path, &table_ref, installed));
     let get = |k: &str| {
         let mut path: Vec<&str> = table.iter().map(String::as_str).collect();
         path.push(k);
@@ -198,6 +198,10 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
     // configuration the handler no longer runs.
     let handlers: Vec<(String, String)> =
         st.drop_ins.iter().filter_map(|d| Some((d.handler.clone()?, d.runtime_config.clone()))).collect();
-    problems.extend(crate::runtime_class::drift(&root, &handlers, crate::runtime_class::Tee::of(st.provider))?);
+    problems.extend(crate::kata_config::runtime_class::drift(
+        &root,
+        &handlers,
+        crate::kata_config::runtime_class::Tee::of(st.provider),
+    )?);
     Ok(Status { state: Some(st), problems, effective })
 }

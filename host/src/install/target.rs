@@ -7,10 +7,10 @@ use anyhow::{Context, Result};
 use cap_std::fs::Dir;
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
+use crate::kata_config::files::Selection;
+use crate::kata_config::runtime_class::{self as runtime_class, Tee};
 use crate::node::{self, Root};
 use crate::policy::{Plan, RuntimeConfigFacts};
-use crate::runtime::Selection;
-use crate::runtime_class::{self, Tee};
 
 /// One runtime configuration's side of an install.
 pub(super) struct ConfigTarget {

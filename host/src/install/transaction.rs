@@ -22,11 +22,11 @@ use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 use crate::attest::publish as attest;
 use crate::fetch::{Pull, PullOptions, Wanted};
 use crate::hash::sha256_hex;
+use crate::kata_config::files::Selection;
 use crate::layout;
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
 use crate::policy::{DropIn, ImageSource, Plan, Policy};
-use crate::runtime::Selection;
 use crate::source::ImageRef;
 use crate::state::{self, DropInRecord, FileRecord, PublishedRecord, State, TrustRecord};
 
@@ -107,7 +107,7 @@ async fn lock_node(root: &Root, timeout: Duration) -> Result<lock::NodeLock> {
 }
 
 /// Renders the drop-ins for every target and pairs each with its target (same order).
-/// Every drop-in must leave a configuration Kata loads ([`crate::kata_load`]).
+/// Every drop-in must leave a configuration Kata loads ([`crate::kata_config::load`]).
 fn render_for(
     policy: &Policy,
     plan: &Plan,
@@ -125,7 +125,7 @@ fn render_for(
         if d.path != c.drop_in_node_path {
             bail!("the policy placed the drop-in for {} at {}, not {}", c.runtime_config, d.path, c.drop_in_node_path);
         }
-        crate::kata_load::check(root, &c.rel, &d.path, &d.contents)?;
+        crate::kata_config::load::check(root, &c.rel, &d.path, &d.contents)?;
     }
     Ok(drop_ins)
 }

@@ -7,9 +7,9 @@ use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 use super::discovery::{known_config_dirs, open_addons, version_dirs};
 use super::owner;
 use super::sweep::sweep_leftovers;
+use crate::kata_config::files::{self as runtime, Selection};
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
-use crate::runtime::{self, Selection};
 use crate::state::{self, State};
 
 /// What `uninstall` did.

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use anyhow::Result;
 
+use crate::kata_config::files::{self as runtime, Fragment};
 use crate::node::Root;
-use crate::runtime::{self, Fragment};
 
 /// The string boot keys of the hypervisor table the policy is told about.
 pub(crate) const BOOT_KEYS: [&str; 5] = ["kernel", "initrd", "image", "kernel_verity_params", "rootfs_type"];

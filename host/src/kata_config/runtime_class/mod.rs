@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 
+use crate::kata_config::files::{self as runtime, RuntimeConfig, Selection};
 use crate::node::{self, Root};
-use crate::runtime::{self, RuntimeConfig, Selection};
 
 pub use tee::Tee;
 

@@ -12,8 +12,8 @@
 
 use anyhow::{Result, bail};
 
+use crate::kata_config::files::{self as runtime, Fragment};
 use crate::node::{self, Root};
-use crate::runtime::{self, Fragment};
 
 /// Checks that the runtime configuration `rc_rel` (root-relative, resolved) loads with
 /// `contents` as its drop-in at node path `drop_in`; the error names the fragments that

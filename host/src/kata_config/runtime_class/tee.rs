@@ -10,8 +10,8 @@
 //! `configuration-<shim>.toml` (a custom runtime's `configuration-<base shim>.toml`), and
 //! OpenShift `/etc/kata-containers/kata-<tee>/configuration.toml`.
 
+use crate::kata_config::files::{self as runtime, RuntimeConfig};
 use crate::node::Root;
-use crate::runtime::{self, RuntimeConfig};
 
 /// A confidential-computing technology a provider boots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
