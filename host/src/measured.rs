@@ -206,36 +206,6 @@ pub(crate) fn preview(plan: &Plan) -> Vec<Checked> {
         .collect()
 }
 
-/// The facts `render` takes of one runtime configuration found on the node: its boot keys
-/// and extension images in effect without kata-addons' drop-in ([`crate::kata_config::facts`]).
-pub(crate) fn runtime_config_facts(
-    root: &crate::node::Root,
-    rc: &crate::kata_config::files::RuntimeConfig,
-) -> Result<crate::policy::RuntimeConfigFacts> {
-    let f = crate::kata_config::facts::read(
-        root,
-        &rc.rel,
-        &rc.resolved,
-        kata_addons_facts::HYPERVISOR_TABLE,
-        kata_addons_facts::DROP_IN_NAME,
-    )?;
-    Ok(crate::policy::RuntimeConfigFacts {
-        path: f.path,
-        handler: None,
-        keys: f
-            .keys
-            .into_iter()
-            .map(|k| crate::policy::EffectiveKey { key: k.key, value: k.value, from: k.from })
-            .collect(),
-        extensions: f
-            .extensions
-            .into_iter()
-            .map(|e| crate::policy::ExtensionImage { name: e.name, path: e.path, verity_params: e.verity_params })
-            .collect(),
-        extensions_from: f.extensions_from,
-    })
-}
-
 /// What `preview` cannot show: dm-verity parameters that come from a file in the image.
 pub(crate) fn preview_note(plan: &Plan) -> Option<String> {
     let files: Vec<String> = plan

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::configmap::Input;
-use crate::kata_config::files::Selection;
+use crate::kata_config::Selection;
 use crate::layout;
 use crate::node::Root;
 use crate::policy::{DropIn, ImageSource, InstalledFile, KeyValue, Plan, Policy, PolicyError, path_only_facts};
@@ -62,18 +62,9 @@ pub(crate) fn compute_on(
     let (env, plan) = crate::plan::of(policy, input, &selection.kata_prefix)?;
     let dir = layout::version_dir_name(&plan.version, layout::pinned_digest(&plan));
     let installed = crate::measured::installed(layout::installed_files(&plan, &dir), &crate::measured::preview(&plan));
-    let handlers = crate::install::target::plan_runtime_classes(&plan);
-    let tee = crate::kata_config::runtime_class::Tee::of(plan.provider);
-    let found = Root::open(root).and_then(|r| {
-        let found = crate::kata_config::runtime_class::discover(&r, handlers, tee, &plan.runtime_configs, selection)?;
-        found
-            .iter()
-            .map(|c| {
-                let f = crate::measured::runtime_config_facts(&r, &c.config)?;
-                Ok(crate::policy::RuntimeConfigFacts { handler: c.handler.clone(), ..f })
-            })
-            .collect::<Result<Vec<_>>>()
-    });
+    let found = Root::open(root)
+        .and_then(|r| crate::kata_config::found(&r, &plan, selection))
+        .map(|found| found.into_iter().map(|f| f.facts).collect::<Vec<_>>());
     let (configs, note) = match found {
         Ok(found) => (found, None),
         Err(e) => (

@@ -1,11 +1,10 @@
-//! RuntimeClass resolution (docs/design.md#runtimeclass) on node roots in kata-deploy's
-//! formats, with Debian's containerd as the oracle: for every containerd fixture,
-//! `containerd --config F config dump` must give the handler the `ConfigPath` kata-addons
-//! resolves. CRI-O is not packaged here: its fixtures follow its documented rules
-//! (crio.conf(5), crio.conf.d: lexical order, later files win) and cri-o's `UpdateFromPath`
-//! walk.
+//! RuntimeClass resolution (issue 20) on node roots in kata-deploy's formats, with
+//! Debian's containerd as the oracle: for every containerd fixture, `containerd --config F
+//! config dump` must give the handler the `ConfigPath` kata-addons resolves. CRI-O is not
+//! packaged here: its fixtures follow its documented rules (crio.conf(5), crio.conf.d:
+//! lexical order, later files win) and cri-o's `UpdateFromPath` walk.
 
-use kata_addons::kata_config::runtime_class::{self as runtime_class, Tee};
+use kata_addons::kata_config::{self as runtime_class, Tee};
 use kata_addons::node::Root;
 use kata_addons_tests::cri::{
     KataDeploy, SHIMS, V2, V3, containerd_dump, containerd_dump_from, containerd_missing, dumped_config_path,
@@ -413,7 +412,7 @@ fn drift_selection_and_known_configurations() {
     let all = runtime_class::discover(&root, &hs, Tee::Snp, &[], &Default::default()).expect("both");
     assert_eq!(all.len(), 2);
     assert_eq!(all[0].handler.as_deref(), Some("kata-qemu-nvidia-gpu-snp"));
-    let only = kata_addons::kata_config::files::Selection {
+    let only = kata_addons::kata_config::Selection {
         only: vec![kd.config_path("qemu-nvidia-gpu-snp-runtime-rs")],
         ..Default::default()
     };

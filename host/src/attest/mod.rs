@@ -16,10 +16,9 @@ pub(crate) mod publish;
 pub(crate) mod report;
 pub(crate) mod se;
 
+use crate::kata_config::{self, ExtensionImage, Fragment, Setting};
 use crate::node::Root;
 use crate::policy::Provider;
-use crate::kata_config::files::{self as runtime, Fragment, Setting};
-use crate::kata_config::facts::{self as runtime_facts, ExtensionImage};
 use crate::state::FileRecord;
 
 /// One reference value as Trustee's RVPS stores it: a name and the accepted values.
@@ -145,9 +144,9 @@ impl<'a> Target<'a> {
         let get = |k: &str| {
             let mut key = dotted.clone();
             key.push(k);
-            runtime::effective(&fragments, &key)
+            kata_config::effective(&fragments, &key)
         };
-        let (extensions, extensions_from) = runtime_facts::extensions(&fragments, &dotted);
+        let (extensions, extensions_from) = kata_config::extensions(&fragments, &dotted);
         Target {
             provider,
             runtime_config: runtime_config.to_string(),

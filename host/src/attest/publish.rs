@@ -11,9 +11,9 @@ use cap_std::fs::Dir;
 use super::report::{Published, TargetValues};
 use super::{Overrides, Target, hkd, se};
 use crate::hash::sha256_hex;
+use crate::kata_config::{self, Fragment};
 use crate::node::{self, Root};
 use crate::policy::Provider;
-use crate::kata_config::files::{self as runtime, Fragment};
 use crate::state::{FileRecord, PublishedRecord, State};
 
 /// The reference values, beside the installed files.
@@ -41,7 +41,7 @@ pub(crate) struct Pending<'a> {
 /// in byte order of the name).
 fn fragments_with(root: &Root, p: &Pending<'_>) -> Result<Vec<Fragment>> {
     let name = p.drop_in.rsplit('/').next().unwrap_or_default();
-    let mut all = crate::kata_config::facts::fragments_without(root, p.rel, name)?;
+    let mut all = kata_config::fragments_without(root, p.rel, name)?;
     let ours = Fragment {
         path: p.drop_in.to_string(),
         table: toml::from_str::<toml::Table>(p.contents).map_err(|e| e.message().to_string()),
@@ -107,7 +107,7 @@ pub(crate) fn recorded_targets<'r>(
         if !only.is_empty() && !d.handler.as_ref().is_some_and(|h| only.contains(h)) {
             continue;
         }
-        let fragments = runtime::fragments(root, &node::rel_path(&d.runtime_config))?;
+        let fragments = kata_config::fragments(root, &node::rel_path(&d.runtime_config))?;
         let mut t = Target::new(
             root,
             st.provider,

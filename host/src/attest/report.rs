@@ -9,8 +9,7 @@ use base64::Engine;
 use serde::Serialize;
 
 use super::{Target, Value};
-use crate::kata_config::files::Setting;
-use crate::kata_config::facts::ExtensionImage;
+use crate::kata_config::{ExtensionImage, Setting};
 use crate::state::FileRecord;
 
 /// The RVPS message version Trustee's RVPS expects (`rvps/src/lib.rs`, `MESSAGE_VERSION`).

@@ -13,7 +13,7 @@ use super::{
 use crate::error::{invalid, usage};
 use crate::extract::Limits;
 use crate::fetch::PullOptions;
-use crate::kata_config::files::Selection;
+use crate::kata_config::Selection;
 use crate::node::Site;
 use crate::policy::{self, PolicyOptions};
 use crate::source::{Platform, RegistryOptions, proxy, retry};

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use crate::configmap;
 use crate::fetch::PullOptions;
-use crate::kata_config::files::Selection;
+use crate::kata_config::Selection;
 use crate::node::Site;
 
 /// `daemon` actions.

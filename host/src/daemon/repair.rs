@@ -214,13 +214,13 @@ impl Daemon {
         // another Kata configuration (drift), so CRI-O's and containerd's files are watched.
         if runtime_classes {
             let configs = crate::node::Root::open(&self.o.site.root)
-                .and_then(|r| crate::kata_config::runtime_class::read_cri_configs(&r))
+                .and_then(|r| crate::kata_config::read_cri_configs(&r))
                 .unwrap_or_default();
             // Only those that exist (a missing one would watch its parent, `/etc`); the
             // periodic resync notices a CRI directory created later.
             let root = &self.o.site.root;
             node_dirs.extend(
-                crate::kata_config::runtime_class::watched_dirs(&configs)
+                crate::kata_config::watched_dirs(&configs)
                     .into_iter()
                     .filter(|d| root.join(d.trim_start_matches('/')).is_dir()),
             );
@@ -229,7 +229,7 @@ impl Daemon {
         for d in node_dirs {
             let mut p = self.o.site.root.join(d.trim_start_matches('/'));
             if p.is_dir() {
-                let config_d = p.join(crate::kata_config::files::CONFIG_D);
+                let config_d = p.join(crate::kata_config::CONFIG_D);
                 if config_d.is_dir() {
                     out.insert(config_d);
                 }

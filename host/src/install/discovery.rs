@@ -9,7 +9,7 @@ use cap_std::fs::Dir;
 
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
-use crate::kata_config::files as runtime;
+use crate::kata_config::{self, CONFIG_D};
 use crate::node::{self, Root};
 use crate::state;
 
@@ -55,7 +55,7 @@ pub(super) fn known_config_dirs(root: &Root, kata_prefix: &str, given: &[String]
     let candidates = kata_addons_facts::known_runtime_configs(kata_prefix);
     // Every Kata configuration a RuntimeClass handler on the node runs (GPU shims, custom
     // runtimes, multi-installs): drop-ins there are kata-addons' too, state or not.
-    let handlers = crate::kata_config::runtime_class::config_paths(root).unwrap_or_else(|e| {
+    let handlers = kata_config::config_paths(root).unwrap_or_else(|e| {
         tracing::warn!("skipped the CRI configuration while looking for kata-addons files: {e:#}");
         Vec::new()
     });
@@ -85,7 +85,7 @@ pub(super) fn known_config_dirs(root: &Root, kata_prefix: &str, given: &[String]
 pub(super) fn our_drop_ins(root: &Root, dirs: &[PathBuf]) -> Vec<String> {
     let mut out = Vec::new();
     for d in dirs {
-        let p = node::node_path(&d.join(runtime::CONFIG_D).join(DROP_IN_NAME));
+        let p = node::node_path(&d.join(CONFIG_D).join(DROP_IN_NAME));
         let ours = match root.dir().symlink_metadata(node::rel_path(&p)) {
             Ok(m) if m.is_file() => state::validate::carries_header(root, &p),
             Ok(_) => Ok(false),

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use super::discovery::open_addons;
 use super::integrity::Finding;
-use crate::kata_config::files as runtime;
+use crate::kata_config::{self, Tee};
 use crate::node::{self, Root, Site};
 use crate::state::{self, DropInRecord, State};
 
@@ -32,11 +32,11 @@ pub struct Effective {
     /// The hypervisor table our drop-in sets keys in (e.g. `hypervisor.qemu`).
     pub table: String,
     /// Effective `kernel`, with the fragment that set it.
-    pub kernel: Option<runtime::Setting>,
+    pub kernel: Option<kata_config::Setting>,
     /// Effective `initrd`.
-    pub initrd: Option<runtime::Setting>,
+    pub initrd: Option<kata_config::Setting>,
     /// Effective `image`.
-    pub image: Option<runtime::Setting>,
+    pub image: Option<kata_config::Setting>,
 }
 
 /// Merges every fragment of one recorded runtime configuration; reports fragments Kata
@@ -68,7 +68,7 @@ fn check_effective(
         }
         Err(e) => return Err(e).with_context(|| format!("inspecting {}", d.runtime_config)),
     }
-    let fragments = runtime::fragments(root, &rc_rel)?;
+    let fragments = kata_config::fragments(root, &rc_rel)?;
     for f in &fragments {
         if let Err(why) = &f.table {
             problems.push(format!("{}: {why}", f.path));
@@ -77,13 +77,13 @@ fn check_effective(
     let ours = fragments.iter().find(|f| f.path == d.path).and_then(|f| f.table.as_ref().ok());
     let mut table = vec!["hypervisor".to_string(), "qemu".to_string()];
     if let Some(ours) = ours {
-        let leaves = runtime::leaves(ours);
+        let leaves = kata_config::leaves(ours);
         if let Some((k, _)) = leaves.first() {
             table = k[..k.len().saturating_sub(1)].to_vec();
         }
         for (key, _) in &leaves {
             let key_ref: Vec<&str> = key.iter().map(String::as_str).collect();
-            if let Some(eff) = runtime::effective(&fragments, &key_ref)
+            if let Some(eff) = kata_config::effective(&fragments, &key_ref)
                 && eff.from != d.path
             {
                 problems.push(format!(
@@ -98,11 +98,11 @@ fn check_effective(
         }
     }
     let table_ref: Vec<&str> = table.iter().map(String::as_str).collect();
-    problems.extend(crate::kata_config::facts::stale_extensions(&fragments, &d.path, &table_ref, installed));
+    problems.extend(kata_config::stale_extensions(&fragments, &d.path, &table_ref, installed));
     let get = |k: &str| {
         let mut path: Vec<&str> = table.iter().map(String::as_str).collect();
         path.push(k);
-        runtime::effective(&fragments, &path)
+        kata_config::effective(&fragments, &path)
     };
     Ok(Some(Effective {
         runtime_config: d.runtime_config.clone(),
@@ -114,7 +114,7 @@ fn check_effective(
 }
 
 impl Status {
-    /// Exit code per docs/design.md#exit-codes: 0 healthy, 3 nothing installed, 4 drifted.
+    /// Exit code per DESIGN §5: 0 healthy, 3 nothing installed, 4 drifted.
     pub fn exit_code(&self) -> u8 {
         match (&self.state, self.problems.is_empty()) {
             (None, _) => 3,
@@ -198,10 +198,6 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
     // configuration the handler no longer runs.
     let handlers: Vec<(String, String)> =
         st.drop_ins.iter().filter_map(|d| Some((d.handler.clone()?, d.runtime_config.clone()))).collect();
-    problems.extend(crate::kata_config::runtime_class::drift(
-        &root,
-        &handlers,
-        crate::kata_config::runtime_class::Tee::of(st.provider),
-    )?);
+    problems.extend(kata_config::drift(&root, &handlers, Tee::of(st.provider))?);
     Ok(Status { state: Some(st), problems, effective })
 }

@@ -7,8 +7,7 @@ use anyhow::{Context, Result};
 use cap_std::fs::Dir;
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
-use crate::kata_config::files::Selection;
-use crate::kata_config::runtime_class::{self as runtime_class, Tee};
+use crate::kata_config::{self, Found, Selection};
 use crate::node::{self, Root};
 use crate::policy::{Plan, RuntimeConfigFacts};
 
@@ -35,18 +34,14 @@ pub(super) struct Target {
     /// Every runtime configuration that gets the drop-in, in discovery order.
     pub(super) configs: Vec<ConfigTarget>,
     /// What `render` is told of each (same order): its effective boot keys and extension
-    /// images without kata-addons' drop-in.
+    /// images without kata-addons' drop-in, and the handler that named it.
     pub(super) facts: Vec<RuntimeConfigFacts>,
 }
 
 impl Target {
     /// The facts of each resolved runtime configuration, as `render` takes them.
     pub(super) fn runtime_configs(&self) -> Vec<RuntimeConfigFacts> {
-        self.configs
-            .iter()
-            .zip(&self.facts)
-            .map(|(c, f)| RuntimeConfigFacts { handler: c.handler.clone(), ..f.clone() })
-            .collect()
+        self.facts.clone()
     }
 }
 
@@ -61,18 +56,17 @@ pub(crate) fn plan_runtime_classes(plan: &Plan) -> &[String] {
 pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection) -> Result<Target> {
     let provider = plan.provider;
     let handlers = plan_runtime_classes(plan);
-    let found = runtime_class::discover(root, handlers, Tee::of(provider), &plan.runtime_configs, selection)
-        .with_context(|| {
-            if handlers.is_empty() {
-                format!("finding the Kata runtime configurations of provider `{provider}`")
-            } else {
-                format!("resolving the RuntimeClass handlers {} for provider `{provider}`", handlers.join(", "))
-            }
-        })?;
+    let found = kata_config::found(root, plan, selection).with_context(|| {
+        if handlers.is_empty() {
+            format!("finding the Kata runtime configurations of provider `{provider}`")
+        } else {
+            format!("resolving the RuntimeClass handlers {} for provider `{provider}`", handlers.join(", "))
+        }
+    })?;
     let mut configs = Vec::new();
     let mut facts = Vec::new();
-    for runtime_class::Chosen { config: rc, handler } in found {
-        facts.push(crate::measured::runtime_config_facts(root, &rc)?);
+    for Found { config: rc, handler, facts: f } in found {
+        facts.push(f);
         let dir_rel = rc.dir_rel();
         let config_dir = root
             .dir()

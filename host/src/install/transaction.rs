@@ -1,7 +1,7 @@
-//! The install transaction: the atomic switch of docs/design.md#atomic-switch. Order: stage
-//! files in a new version directory -> render the drop-ins (one per runtime configuration
-//! found) -> write state -> rename each drop-in into its `config.d` (the commit point of
-//! that configuration) -> remove the previous version. A crash at any instant leaves each
+//! The install transaction: the atomic switch of DESIGN.md §4. Order: stage files in a new
+//! version directory -> render the drop-ins (one per runtime configuration found) -> write
+//! state -> rename each drop-in into its `config.d` (the commit point of that
+//! configuration) -> remove the previous version. A crash at any instant leaves each
 //! configuration with the old or the new drop-in, and both versions' files in place until
 //! the next run finishes the switch.
 
@@ -22,7 +22,7 @@ use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 use crate::attest::publish as attest;
 use crate::fetch::{Pull, PullOptions, Wanted};
 use crate::hash::sha256_hex;
-use crate::kata_config::files::Selection;
+use crate::kata_config::Selection;
 use crate::layout;
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
@@ -107,7 +107,7 @@ async fn lock_node(root: &Root, timeout: Duration) -> Result<lock::NodeLock> {
 }
 
 /// Renders the drop-ins for every target and pairs each with its target (same order).
-/// Every drop-in must leave a configuration Kata loads ([`crate::kata_config::load`]).
+/// Every drop-in must leave a configuration Kata loads ([`crate::kata_config::check_loads`]).
 fn render_for(
     policy: &Policy,
     plan: &Plan,
@@ -125,7 +125,7 @@ fn render_for(
         if d.path != c.drop_in_node_path {
             bail!("the policy placed the drop-in for {} at {}, not {}", c.runtime_config, d.path, c.drop_in_node_path);
         }
-        crate::kata_config::load::check(root, &c.rel, &d.path, &d.contents)?;
+        crate::kata_config::check_loads(root, &c.rel, &d.path, &d.contents)?;
     }
     Ok(drop_ins)
 }
@@ -218,9 +218,8 @@ pub async fn install_observed(
     obs.attest = None;
     let started = Instant::now();
     let root = Root::open(&site.root)?;
-    // Image trust first (docs/design.md#image-trust): nothing is written on the node for an
-    // image the policy refuses. A policy that needs signatures is checked on the resolved
-    // digest now.
+    // Image trust first (issue 9): nothing is written on the node for an image the policy
+    // refuses. A policy that needs signatures is checked on the resolved digest now.
     let mut image = image_ref(plan);
     let pull = Pull::new(opts);
     pull.admit(&image).await?;

@@ -7,7 +7,7 @@ use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 use super::discovery::{known_config_dirs, open_addons, version_dirs};
 use super::owner;
 use super::sweep::sweep_leftovers;
-use crate::kata_config::files::{self as runtime, Selection};
+use crate::kata_config::{CONFIG_D, Selection};
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
 use crate::state::{self, State};
@@ -63,7 +63,7 @@ pub fn uninstall(site: &Site, selection: &Selection, force: bool) -> Result<Unin
     }
     // Drop-ins no state records: a lost state, or one older than the drop-in.
     for d in &known {
-        let p = node::node_path(&d.join(runtime::CONFIG_D).join(DROP_IN_NAME));
+        let p = node::node_path(&d.join(CONFIG_D).join(DROP_IN_NAME));
         if out.drop_ins.contains(&p) {
             continue;
         }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use crate::kata_config::files::{self as runtime, Fragment};
+use super::files::{self as runtime, Fragment, RuntimeConfig};
 use crate::node::Root;
 
 /// The string boot keys of the hypervisor table the policy is told about.
@@ -171,6 +171,27 @@ pub(crate) fn stale_extensions(
         }
     }
     out
+}
+
+/// The facts `render` takes of one runtime configuration found on the node: its boot keys
+/// and extension images in effect without kata-addons' drop-in (see the module comment).
+pub(crate) fn for_render(root: &Root, rc: &RuntimeConfig) -> Result<crate::policy::RuntimeConfigFacts> {
+    let f = read(root, &rc.rel, &rc.resolved, kata_addons_facts::HYPERVISOR_TABLE, kata_addons_facts::DROP_IN_NAME)?;
+    Ok(crate::policy::RuntimeConfigFacts {
+        path: f.path,
+        handler: None,
+        keys: f
+            .keys
+            .into_iter()
+            .map(|k| crate::policy::EffectiveKey { key: k.key, value: k.value, from: k.from })
+            .collect(),
+        extensions: f
+            .extensions
+            .into_iter()
+            .map(|e| crate::policy::ExtensionImage { name: e.name, path: e.path, verity_params: e.verity_params })
+            .collect(),
+        extensions_from: f.extensions_from,
+    })
 }
 
 #[cfg(test)]
