@@ -13,11 +13,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use cap_std::fs::Dir;
 
 use crate::extract::{self, Limits, TempFiles, check_wanted_path};
-use crate::source::blob::BlobSource;
 use crate::source::endpoints::{Endpoint, NodeConfig};
+use crate::source::layout::LayoutSource;
 use crate::source::registry::RegistryClient;
 use crate::source::retry::RetryBudget;
-use crate::source::{ImageRef, RegistryOptions, ResolvedImage, layout};
+use crate::source::{ImageRef, RegistryOptions, ResolvedImage, Source};
 use crate::state::TrustRecord;
 use crate::trust::{self, TrustOptions};
 
@@ -153,7 +153,7 @@ impl<'a> Pull<'a> {
                 let paths = paths.clone();
                 async move {
                     let temps = TempFiles::new(dest.try_clone().context("duplicate destination handle")?, place);
-                    let res = extract::image::extract(limits, &source, &resolved, &paths, wanted, &temps).await;
+                    let res = extract::image::extract(limits, &*source, &resolved, &paths, wanted, &temps).await;
                     temps.cleanup();
                     Ok((res?, resolved))
                 }
@@ -250,7 +250,7 @@ impl<'a> Pull<'a> {
     /// one failed the error names each; everything ends by the pull deadline.
     async fn over_endpoints<T, F, Fut>(&self, image: &ImageRef, f: F) -> Result<(T, TrustRecord)>
     where
-        F: FnMut(BlobSource, ResolvedImage) -> Fut,
+        F: FnMut(Box<dyn Source>, ResolvedImage) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         match tokio::time::timeout_at(self.deadline(), self.over_endpoints_once(image, f)).await {
@@ -264,14 +264,15 @@ impl<'a> Pull<'a> {
 
     async fn over_endpoints_once<T, F, Fut>(&self, image: &ImageRef, mut f: F) -> Result<(T, TrustRecord)>
     where
-        F: FnMut(BlobSource, ResolvedImage) -> Fut,
+        F: FnMut(Box<dyn Source>, ResolvedImage) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         match image {
             ImageRef::Layout { path, tag } => {
-                let resolved = layout::resolve(path, tag.as_deref(), &self.opts.registry.platform).await?;
+                let source = LayoutSource { root: path.clone(), platform: self.opts.registry.platform.clone() };
+                let resolved = source.resolve(tag.as_deref(), None).await?;
                 let trust = self.check_trust(image, &resolved, trust::Origin::Layout).await?;
-                Ok((f(BlobSource::Layout(path.clone()), resolved).await?, trust))
+                Ok((f(Box::new(source), resolved).await?, trust))
             }
             ImageRef::Registry { registry, repository, tag, digest } => {
                 let config = self.config()?;
@@ -295,7 +296,7 @@ impl<'a> Pull<'a> {
                         let client = self.client(&ep).await?;
                         let resolved = self.resolve_at(&client, tag.as_deref(), digest.as_deref()).await?;
                         let trust = self.check_trust(image, &resolved, trust::Origin::Registry(&client)).await?;
-                        Ok::<_, anyhow::Error>((f(BlobSource::Registry(client), resolved).await?, trust))
+                        Ok::<_, anyhow::Error>((f(Box::new(client), resolved).await?, trust))
                     }
                     .await;
                     let refused = attempt.as_ref().err().is_some_and(|e| e.downcast_ref::<trust::Refused>().is_some());

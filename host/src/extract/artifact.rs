@@ -38,7 +38,7 @@ async fn read_raw(pass: &Pass<'_>, desc: &Descriptor, path: &str) -> Result<Capt
     let stream = pass.streams.get(path).map(|m| crate::verity::Stream::new(m.params.clone()));
     let thread = tokio::task::spawn_blocking(move || super::raw::write_stream(file, &name, size, stream, rx));
     let streamed = match pass.source.open(desc).await {
-        Ok(mut blob) => stream_verified(&mut blob, desc, tx).await,
+        Ok(mut blob) => stream_verified(&mut *blob, desc, tx).await,
         Err(e) => Err(e),
     };
     let written = thread.await.context("file writer thread failed")?;

@@ -14,9 +14,8 @@ use super::decode::{Compression, decoder};
 use super::layer::{LayerJob, LayerOutput, Mode, run_decompressed};
 use super::tempfiles::TempFiles;
 use super::{IndexBudget, LayerIndex, Limits};
-use crate::source::Descriptor;
-use crate::source::blob::BlobSource;
 use crate::source::blobhash::BlobHasher;
+use crate::source::{Blob, Descriptor, Source};
 
 /// A `BufRead` over chunks received from the async side (channel closed = end of data):
 /// the decoder reads the received buffers in place, with no copy.
@@ -69,7 +68,7 @@ pub struct Pass<'a> {
     /// The extraction limits.
     pub limits: &'a Limits,
     /// Where the blobs are read from.
-    pub source: &'a BlobSource,
+    pub source: &'a dyn Source,
     /// The temporary files in the destination.
     pub temps: &'a TempFiles,
     /// Bytes extracted so far, all files together.
@@ -112,7 +111,7 @@ pub async fn read_layer(
         streams: pass.streams.clone(),
     };
     let thread = tokio::task::spawn_blocking(move || run(job, rx));
-    let streamed = stream_verified(&mut blob, desc, tx).await;
+    let streamed = stream_verified(&mut *blob, desc, tx).await;
     let walked = thread.await.context("layer walker thread failed")?;
     match (streamed, walked) {
         (Err(e), Ok(out)) => {
@@ -132,7 +131,7 @@ pub async fn read_layer(
 /// a blob longer or shorter than its descriptor or whose digest differs. A receiver that
 /// stops early does not stop the reading: every byte is verified.
 pub async fn stream_verified(
-    blob: &mut crate::source::blob::BlobReader,
+    blob: &mut dyn Blob,
     desc: &Descriptor,
     tx: tokio::sync::mpsc::Sender<Bytes>,
 ) -> Result<()> {

@@ -16,8 +16,7 @@ use super::layers::capture_in_layers;
 use super::sink::Capture;
 use super::tempfiles::{TMP_PREFIX, TempFiles, sync_file};
 use super::{IndexBudget, Limits};
-use crate::source::blob::BlobSource;
-use crate::source::{Descriptor, ResolvedImage};
+use crate::source::{Descriptor, ResolvedImage, Source};
 
 /// One file to take out of the image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +71,7 @@ pub fn check_dest_name(n: &str) -> Result<()> {
 /// or from its titled layers when it is an OCI artifact ([`super::artifact`]).
 pub async fn extract(
     limits: &Limits,
-    source: &BlobSource,
+    source: &dyn Source,
     resolved: &ResolvedImage,
     paths: &[String],
     wanted: &[Wanted],

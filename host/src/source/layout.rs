@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use bytes::{Bytes, BytesMut};
+use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use tokio::io::AsyncReadExt;
 
@@ -132,5 +133,30 @@ impl LayoutBlob {
         }
         buf.truncate(n);
         Ok(Some(buf.freeze()))
+    }
+}
+
+/// An OCI layout directory as a [`super::Source`]: images named by tag (a layout reference
+/// carries no digest; `digest` is not used), resolved for `platform`.
+pub(crate) struct LayoutSource {
+    /// The layout directory.
+    pub(crate) root: PathBuf,
+    /// The platform to pick from an image index.
+    pub(crate) platform: Platform,
+}
+
+impl super::Source for LayoutSource {
+    fn resolve<'a>(&'a self, tag: Option<&'a str>, _digest: Option<&'a str>) -> BoxFuture<'a, Result<ResolvedImage>> {
+        Box::pin(resolve(&self.root, tag, &self.platform))
+    }
+
+    fn open<'a>(&'a self, desc: &'a Descriptor) -> BoxFuture<'a, Result<Box<dyn super::Blob>>> {
+        Box::pin(async move { Ok(Box::new(LayoutBlob::open(&self.root, desc).await?) as Box<dyn super::Blob>) })
+    }
+}
+
+impl super::Blob for LayoutBlob {
+    fn next_chunk(&mut self) -> BoxFuture<'_, Result<Option<Bytes>>> {
+        Box::pin(LayoutBlob::next_chunk(self))
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Result, anyhow, bail};
 use bytes::Bytes;
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 
 use super::auth::AuthLookup;
 use super::certs::HostTls;
@@ -324,6 +325,23 @@ impl RegistryBlob {
                 }
             }
         }
+    }
+}
+
+impl super::Source for Arc<RegistryClient> {
+    fn resolve<'a>(&'a self, tag: Option<&'a str>, digest: Option<&'a str>) -> BoxFuture<'a, Result<ResolvedImage>> {
+        Box::pin(RegistryClient::resolve(self, tag, digest))
+    }
+
+    fn open<'a>(&'a self, desc: &'a Descriptor) -> BoxFuture<'a, Result<Box<dyn super::Blob>>> {
+        let blob: Box<dyn super::Blob> = Box::new(self.open_blob(desc));
+        Box::pin(std::future::ready(Ok(blob)))
+    }
+}
+
+impl super::Blob for RegistryBlob {
+    fn next_chunk(&mut self) -> BoxFuture<'_, Result<Option<Bytes>>> {
+        Box::pin(RegistryBlob::next_chunk(self))
     }
 }
 
