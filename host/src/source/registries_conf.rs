@@ -204,44 +204,64 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
         || raw.short_name_mode.is_some()
         || raw.additional_layer_store_auth_helper.is_some()
         || raw.aliases.is_some();
-    let mut registries: Vec<RawRegistry> = raw.registry.clone().unwrap_or_default();
-    if let Some(v1) = &raw.registries {
-        warn_unknown(file, "[registries]", &v1.unknown);
-        for (name, l) in [("search", &v1.search), ("insecure", &v1.insecure), ("block", &v1.block)] {
-            if let Some(l) = l {
-                warn_unknown(file, &format!("[registries.{name}]"), &l.unknown);
-            }
-        }
-        if drop_in {
-            bail!("{f}: a registries.conf.d drop-in must be in the v2 format, this one uses v1 [registries]");
-        }
-        if v2_set {
-            bail!("{f}: mixes the v1 format ([registries]) and the v2 format; containers/image refuses this");
-        }
-        // v1 → v2 as containers/image converts: one entry per location, blocked then insecure.
-        let mut order: Vec<String> = Vec::new();
-        let mut map: BTreeMap<String, RawRegistry> = BTreeMap::new();
-        for (list, is_block) in [(&v1.block, true), (&v1.insecure, false)] {
-            for loc in list.as_ref().and_then(|l| l.registries.clone()).unwrap_or_default() {
-                let what = format!("{f}: [registries.{}]", if is_block { "block" } else { "insecure" });
-                let loc = parse_location(&loc, &what)?;
-                let e = map.entry(loc.clone()).or_insert_with(|| {
-                    order.push(loc.clone());
-                    RawRegistry {
-                        prefix: Some(loc.clone()),
-                        endpoint: RawEndpoint { location: Some(loc.clone()), ..RawEndpoint::default() },
-                        ..RawRegistry::default()
-                    }
-                });
-                if is_block {
-                    e.blocked = true;
-                } else {
-                    e.endpoint.insecure = true;
-                }
-            }
-        }
-        registries = order.iter().filter_map(|l| map.remove(l)).collect();
+    let registries = match &raw.registries {
+        Some(v1) => v1_registries(v1, file, drop_in, v2_set)?,
+        None => raw.registry.clone().unwrap_or_default(),
+    };
+    check_global_keys(&raw, file)?;
+    let mut out = Vec::new();
+    for (i, r) in registries.iter().enumerate() {
+        out.push(registry_entry(r, i + 1, file)?);
     }
+    check_repeated_locations(&out, file)?;
+    Ok(ParsedFile { registries: first_per_prefix(out, file), credential_helpers: raw.credential_helpers })
+}
+
+/// The `[[registry]]` entries of a v1 file (`[registries]`), converted as containers/image
+/// converts them: one entry per location, blocked then insecure. A drop-in or a file that
+/// also sets v2 keys (`v2_set`) is refused.
+fn v1_registries(v1: &RawV1, file: &Path, drop_in: bool, v2_set: bool) -> Result<Vec<RawRegistry>> {
+    let f = file.display();
+    warn_unknown(file, "[registries]", &v1.unknown);
+    for (name, l) in [("search", &v1.search), ("insecure", &v1.insecure), ("block", &v1.block)] {
+        if let Some(l) = l {
+            warn_unknown(file, &format!("[registries.{name}]"), &l.unknown);
+        }
+    }
+    if drop_in {
+        bail!("{f}: a registries.conf.d drop-in must be in the v2 format, this one uses v1 [registries]");
+    }
+    if v2_set {
+        bail!("{f}: mixes the v1 format ([registries]) and the v2 format; containers/image refuses this");
+    }
+    let mut order: Vec<String> = Vec::new();
+    let mut map: BTreeMap<String, RawRegistry> = BTreeMap::new();
+    for (list, is_block) in [(&v1.block, true), (&v1.insecure, false)] {
+        for loc in list.as_ref().and_then(|l| l.registries.clone()).unwrap_or_default() {
+            let what = format!("{f}: [registries.{}]", if is_block { "block" } else { "insecure" });
+            let loc = parse_location(&loc, &what)?;
+            let e = map.entry(loc.clone()).or_insert_with(|| {
+                order.push(loc.clone());
+                RawRegistry {
+                    prefix: Some(loc.clone()),
+                    endpoint: RawEndpoint { location: Some(loc.clone()), ..RawEndpoint::default() },
+                    ..RawRegistry::default()
+                }
+            });
+            if is_block {
+                e.blocked = true;
+            } else {
+                e.endpoint.insecure = true;
+            }
+        }
+    }
+    Ok(order.iter().filter_map(|l| map.remove(l)).collect())
+}
+
+/// Checks the file-wide keys: the search registries, `[aliases]`, `short-name-mode` and
+/// `additional-layer-store-auth-helper` (warned about, never executed).
+fn check_global_keys(raw: &RawFile, file: &Path) -> Result<()> {
+    let f = file.display();
     // v1 `[registries.search]` is converted to `unqualified-search-registries` (ConvertToV2),
     // then both are validated the same way (postProcessRegistries).
     let v1_search = raw.registries.as_ref().and_then(|v1| v1.search.as_ref()).and_then(|l| l.registries.as_ref());
@@ -275,64 +295,71 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
             "{f}: additional-layer-store-auth-helper {a:?} is not applicable (no additional layer store is used) and not executed"
         );
     }
-    let mut out = Vec::new();
-    for (i, r) in registries.iter().enumerate() {
-        let n = i + 1;
-        let what0 = format!("{f}: [[registry]] #{n}");
-        warn_unknown(file, &format!("[[registry]] #{n}"), &r.endpoint.unknown);
-        let location = parse_location(r.endpoint.location.as_deref().unwrap_or(""), &what0)?;
-        let prefix = match r.prefix.as_deref().unwrap_or("") {
-            "" => {
-                if location.is_empty() {
-                    bail!("{what0}: both location and prefix are unset");
-                }
-                location.clone()
+    Ok(())
+}
+
+/// The `n`th `[[registry]]` entry of `file`, checked: its prefix (the location when unset)
+/// and its mirrors.
+fn registry_entry(r: &RawRegistry, n: usize, file: &Path) -> Result<Registry> {
+    let f = file.display();
+    let what0 = format!("{f}: [[registry]] #{n}");
+    warn_unknown(file, &format!("[[registry]] #{n}"), &r.endpoint.unknown);
+    let location = parse_location(r.endpoint.location.as_deref().unwrap_or(""), &what0)?;
+    let prefix = match r.prefix.as_deref().unwrap_or("") {
+        "" => {
+            if location.is_empty() {
+                bail!("{what0}: both location and prefix are unset");
             }
-            p => {
-                let p = parse_location(p, &what0)?;
-                if !p.starts_with("*.") && location.is_empty() {
-                    bail!("{what0}: location is unset and prefix {p:?} is not of the form *.example.com");
-                }
-                p
-            }
-        };
-        let what = format!("{f}: [[registry]] prefix {prefix:?}");
-        if prefix.starts_with("*.") && prefix.contains(['/', '@', ':']) {
-            bail!("{what}: a wildcard prefix must be of the form *.example.com");
+            location.clone()
         }
-        if r.endpoint.pull_from_mirror.is_some() {
-            bail!("{what}: pull-from-mirror must not be set for the source, only in [[registry.mirror]]");
-        }
-        let mut mirrors = Vec::new();
-        for (j, m) in r.mirror.iter().enumerate() {
-            let mwhat = format!("{what}: [[registry.mirror]] #{}", j + 1);
-            warn_unknown(file, &format!("[[registry]] prefix {prefix:?} [[registry.mirror]] #{}", j + 1), &m.unknown);
-            let loc = parse_location(m.location.as_deref().unwrap_or(""), &mwhat)?;
-            if loc.is_empty() {
-                bail!("{mwhat}: mirror location is unset");
+        p => {
+            let p = parse_location(p, &what0)?;
+            if !p.starts_with("*.") && location.is_empty() {
+                bail!("{what0}: location is unset and prefix {p:?} is not of the form *.example.com");
             }
-            if r.mirror_by_digest_only && m.pull_from_mirror.is_some() {
-                bail!(
-                    "{mwhat}: mirror-by-digest-only of the registry and pull-from-mirror of mirror {loc:?} cannot be set at the same time"
-                );
-            }
-            let pfm = pull_from_mirror(m.pull_from_mirror.as_deref(), &mwhat)?;
-            mirrors.push(ConfEndpoint { location: loc, insecure: m.insecure, pull_from_mirror: pfm });
+            p
         }
-        out.push(Registry {
-            prefix,
-            source: ConfEndpoint { location, insecure: r.endpoint.insecure, pull_from_mirror: PullFromMirror::All },
-            mirrors,
-            blocked: r.blocked,
-            mirror_by_digest_only: r.mirror_by_digest_only,
-            file: file.to_path_buf(),
-        });
+    };
+    let what = format!("{f}: [[registry]] prefix {prefix:?}");
+    if prefix.starts_with("*.") && prefix.contains(['/', '@', ':']) {
+        bail!("{what}: a wildcard prefix must be of the form *.example.com");
     }
-    // The same location (or wildcard prefix) may appear several times, with the same
-    // security settings only.
-    for a in &out {
+    if r.endpoint.pull_from_mirror.is_some() {
+        bail!("{what}: pull-from-mirror must not be set for the source, only in [[registry.mirror]]");
+    }
+    let mut mirrors = Vec::new();
+    for (j, m) in r.mirror.iter().enumerate() {
+        let mwhat = format!("{what}: [[registry.mirror]] #{}", j + 1);
+        warn_unknown(file, &format!("[[registry]] prefix {prefix:?} [[registry.mirror]] #{}", j + 1), &m.unknown);
+        let loc = parse_location(m.location.as_deref().unwrap_or(""), &mwhat)?;
+        if loc.is_empty() {
+            bail!("{mwhat}: mirror location is unset");
+        }
+        if r.mirror_by_digest_only && m.pull_from_mirror.is_some() {
+            bail!(
+                "{mwhat}: mirror-by-digest-only of the registry and pull-from-mirror of mirror {loc:?} cannot be set at the same time"
+            );
+        }
+        let pfm = pull_from_mirror(m.pull_from_mirror.as_deref(), &mwhat)?;
+        mirrors.push(ConfEndpoint { location: loc, insecure: m.insecure, pull_from_mirror: pfm });
+    }
+    Ok(Registry {
+        prefix,
+        source: ConfEndpoint { location, insecure: r.endpoint.insecure, pull_from_mirror: PullFromMirror::All },
+        mirrors,
+        blocked: r.blocked,
+        mirror_by_digest_only: r.mirror_by_digest_only,
+        file: file.to_path_buf(),
+    })
+}
+
+/// The same location (or wildcard prefix) may appear several times, with the same
+/// security settings only.
+fn check_repeated_locations(out: &[Registry], file: &Path) -> Result<()> {
+    let f = file.display();
+    for a in out {
         let key_a = if a.source.location.is_empty() { &a.prefix } else { &a.source.location };
-        for b in &out {
+        for b in out {
             let key_b = if b.source.location.is_empty() { &b.prefix } else { &b.source.location };
             if key_a != key_b {
                 continue;
@@ -345,7 +372,12 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
             }
         }
     }
-    // The first entry of a prefix wins inside one file (later ones are dead).
+    Ok(())
+}
+
+/// The first entry of a prefix wins inside one file (later ones are dead, with a warning).
+fn first_per_prefix(out: Vec<Registry>, file: &Path) -> Vec<Registry> {
+    let f = file.display();
     let mut seen = std::collections::BTreeSet::new();
     let mut registries = Vec::new();
     for r in out {
@@ -358,7 +390,7 @@ fn parse_file(text: &str, file: &Path, drop_in: bool) -> Result<ParsedFile> {
             );
         }
     }
-    Ok(ParsedFile { registries, credential_helpers: raw.credential_helpers })
+    registries
 }
 
 /// A reference as `reference.Parse` splits it (no normalisation): domain (when the first
