@@ -155,6 +155,29 @@ fn parse_pax(data: &[u8]) -> Result<Pax> {
     Ok(pax)
 }
 
+/// GNU long names and PAX records read before the header they apply to.
+#[derive(Default)]
+struct Extensions {
+    long_name: Option<Vec<u8>>,
+    long_link: Option<Vec<u8>>,
+    pax: Option<Pax>,
+}
+
+/// The entry kind of a (non-PAX-sparse) header's type byte.
+fn kind_of(type_byte: u8) -> Kind {
+    match type_byte {
+        b'0' | b'\0' | b'7' => Kind::Regular,
+        b'5' => Kind::Dir,
+        b'2' => Kind::Symlink,
+        b'1' => Kind::Hardlink,
+        b'3' => Kind::Char,
+        b'4' => Kind::Block,
+        b'6' => Kind::Fifo,
+        b'S' => Kind::Sparse,
+        other => Kind::Other(other),
+    }
+}
+
 fn check_path(what: &str, p: &[u8]) -> Result<()> {
     if p.len() > MAX_PATH {
         bail!(
@@ -209,9 +232,7 @@ impl<R: Read> TarStream<R> {
         if self.done {
             return Ok(None);
         }
-        let mut long_name: Option<Vec<u8>> = None;
-        let mut long_link: Option<Vec<u8>> = None;
-        let mut pax: Option<Pax> = None;
+        let mut ext = Extensions::default();
         let mut block = [0u8; BLOCK];
         loop {
             if !read_block(&mut self.r, &mut block)? {
@@ -226,89 +247,91 @@ impl<R: Read> TarStream<R> {
             if !checksum_ok(&block) {
                 bail!("malformed tar header (bad checksum)");
             }
-            let h = tar::Header::from_byte_slice(&block);
-            let header_size = h.entry_size().context("malformed tar header (size)")?;
-            let type_byte = block[156];
-            match type_byte {
-                b'L' => {
-                    let v = record_text(self.read_record("GNU long name", header_size)?);
-                    check_path("path", &v)?;
-                    long_name = Some(v);
-                    continue;
-                }
-                b'K' => {
-                    let v = record_text(self.read_record("GNU long link", header_size)?);
-                    check_path("link target", &v)?;
-                    long_link = Some(v);
-                    continue;
-                }
-                b'x' | b'X' => {
-                    let data = self.read_record("PAX extended header", header_size)?;
-                    pax = Some(parse_pax(&data)?);
-                    continue;
-                }
-                b'g' => {
-                    // Global PAX header: nothing in it changes what is extracted here.
-                    let _ = self.read_record("PAX global header", header_size)?;
-                    continue;
-                }
-                _ => {}
+            let header_size =
+                tar::Header::from_byte_slice(&block).entry_size().context("malformed tar header (size)")?;
+            if !self.read_extension(block[156], header_size, &mut ext)? {
+                return self.entry(&block, header_size, ext).map(Some);
             }
-            let pax = pax.unwrap_or_default();
-            let path = match (&pax.sparse_name, pax.path, long_name) {
-                (Some(n), _, _) => n.clone(),
-                (None, Some(p), _) => p,
-                (None, None, Some(l)) => l,
-                (None, None, None) => h.path_bytes().into_owned(),
-            };
-            check_path("path", &path)?;
-            let link = match (pax.linkpath, long_link) {
-                (Some(l), _) => Some(l),
-                (None, Some(l)) => Some(l),
-                (None, None) => h.link_name_bytes().map(|c| c.into_owned()),
-            };
-            if let Some(l) = &link {
-                check_path("link target", l)?;
-            }
-            if type_byte == b'S' {
-                // Old GNU sparse: extension blocks of the sparse map follow the header,
-                // outside the size field, while the `isextended` byte is set.
-                let mut extended = block[482] != 0;
-                let mut ext = [0u8; BLOCK];
-                while extended {
-                    if !read_block(&mut self.r, &mut ext)? {
-                        bail!("the tar stream ends inside a sparse header");
-                    }
-                    extended = ext[504] != 0;
-                }
-            }
-            let size = pax.size.unwrap_or(header_size);
-            if size.checked_add(padding(size)).is_none() {
-                // Data plus padding past u64::MAX: no stream holds it (and skipping it
-                // would overflow).
-                bail!("malformed tar header (size {size} is out of range)");
-            }
-            let kind = if pax.sparse {
-                Kind::Sparse
-            } else {
-                match type_byte {
-                    b'0' | b'\0' | b'7' => Kind::Regular,
-                    b'5' => Kind::Dir,
-                    b'2' => Kind::Symlink,
-                    b'1' => Kind::Hardlink,
-                    b'3' => Kind::Char,
-                    b'4' => Kind::Block,
-                    b'6' => Kind::Fifo,
-                    b'S' => Kind::Sparse,
-                    other => Kind::Other(other),
-                }
-            };
-            // Only regular files and unknown types carry data; the rest must be skipped
-            // by their declared size all the same.
-            self.left = size;
-            self.pad = padding(size);
-            return Ok(Some(Entry { path, link, kind, size }));
         }
+    }
+
+    /// Reads the record of an extension header (GNU long name or link, PAX) of type
+    /// `type_byte` into `ext`; `false` when the header is not one (an entry's own).
+    fn read_extension(&mut self, type_byte: u8, header_size: u64, ext: &mut Extensions) -> Result<bool> {
+        match type_byte {
+            b'L' => {
+                let v = record_text(self.read_record("GNU long name", header_size)?);
+                check_path("path", &v)?;
+                ext.long_name = Some(v);
+            }
+            b'K' => {
+                let v = record_text(self.read_record("GNU long link", header_size)?);
+                check_path("link target", &v)?;
+                ext.long_link = Some(v);
+            }
+            b'x' | b'X' => {
+                let data = self.read_record("PAX extended header", header_size)?;
+                ext.pax = Some(parse_pax(&data)?);
+            }
+            b'g' => {
+                // Global PAX header: nothing in it changes what is extracted here.
+                let _ = self.read_record("PAX global header", header_size)?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The entry of header `block` (of size field `header_size`) with the extensions read
+    /// before it; its data is what [`Self::data`] reads next.
+    fn entry(&mut self, block: &[u8; BLOCK], header_size: u64, ext: Extensions) -> Result<Entry> {
+        let h = tar::Header::from_byte_slice(block);
+        let type_byte = block[156];
+        let pax = ext.pax.unwrap_or_default();
+        let path = match (&pax.sparse_name, pax.path, ext.long_name) {
+            (Some(n), _, _) => n.clone(),
+            (None, Some(p), _) => p,
+            (None, None, Some(l)) => l,
+            (None, None, None) => h.path_bytes().into_owned(),
+        };
+        check_path("path", &path)?;
+        let link = match (pax.linkpath, ext.long_link) {
+            (Some(l), _) => Some(l),
+            (None, Some(l)) => Some(l),
+            (None, None) => h.link_name_bytes().map(|c| c.into_owned()),
+        };
+        if let Some(l) = &link {
+            check_path("link target", l)?;
+        }
+        if type_byte == b'S' {
+            self.skip_sparse_map(block)?;
+        }
+        let size = pax.size.unwrap_or(header_size);
+        if size.checked_add(padding(size)).is_none() {
+            // Data plus padding past u64::MAX: no stream holds it (and skipping it
+            // would overflow).
+            bail!("malformed tar header (size {size} is out of range)");
+        }
+        let kind = if pax.sparse { Kind::Sparse } else { kind_of(type_byte) };
+        // Only regular files and unknown types carry data; the rest must be skipped
+        // by their declared size all the same.
+        self.left = size;
+        self.pad = padding(size);
+        Ok(Entry { path, link, kind, size })
+    }
+
+    /// Old GNU sparse: extension blocks of the sparse map follow the header `block`,
+    /// outside the size field, while the `isextended` byte is set.
+    fn skip_sparse_map(&mut self, block: &[u8; BLOCK]) -> Result<()> {
+        let mut extended = block[482] != 0;
+        let mut ext = [0u8; BLOCK];
+        while extended {
+            if !read_block(&mut self.r, &mut ext)? {
+                bail!("the tar stream ends inside a sparse header");
+            }
+            extended = ext[504] != 0;
+        }
+        Ok(())
     }
 
     /// The current entry's data (reads at most what is left of it).
