@@ -30,8 +30,5 @@ pub fn installed_files(plan: &Plan, dir: &str) -> Vec<InstalledFile> {
 
 /// The pinned manifest digest of a plan's image, if the reference has one.
 pub(crate) fn pinned_digest(plan: &Plan) -> Option<&str> {
-    match &plan.source {
-        crate::policy::ImageSource::Registry(r) => r.digest.as_deref(),
-        crate::policy::ImageSource::Layout(_) => None,
-    }
+    crate::source::reference::pinned_digest(&plan.source)
 }

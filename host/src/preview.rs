@@ -10,7 +10,7 @@ use crate::configmap::Input;
 use crate::kata_config::Selection;
 use crate::layout;
 use crate::node::Root;
-use crate::policy::{DropIn, ImageSource, InstalledFile, KeyValue, Plan, Policy, PolicyError, path_only_facts};
+use crate::policy::{DropIn, InstalledFile, KeyValue, Plan, Policy, PolicyError, path_only_facts};
 
 /// `preview` output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,12 +82,7 @@ pub(crate) fn compute_on(
 
 /// The plan as JSON (camelCase keys).
 pub(crate) fn plan_json(plan: &Plan) -> serde_json::Value {
-    let source = match &plan.source {
-        ImageSource::Registry(r) => json!({
-            "type": "registry", "registry": r.registry, "repository": r.repository, "tag": r.tag, "digest": r.digest,
-        }),
-        ImageSource::Layout(l) => json!({ "type": "layout", "path": l.path, "tag": l.tag }),
-    };
+    let source = crate::source::reference::source_json(&plan.source);
     json!({
         "image": plan.image,
         "source": source,

@@ -26,7 +26,7 @@ use crate::kata_config::Selection;
 use crate::layout;
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
-use crate::policy::{DropIn, ImageSource, Plan, Policy};
+use crate::policy::{DropIn, Plan, Policy};
 use crate::source::ImageRef;
 use crate::state::{self, DropInRecord, FileRecord, PublishedRecord, State, TrustRecord};
 
@@ -95,10 +95,7 @@ pub enum Outcome {
 /// The image reference of a plan, in the fetch layer's terms: converted part by part (the
 /// policy parsed it with the shared grammar, and `Policy::plan` checked the parts).
 pub fn image_ref(plan: &Plan) -> ImageRef {
-    match &plan.source {
-        ImageSource::Registry(r) => ImageRef::from_plan(r),
-        ImageSource::Layout(l) => ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() },
-    }
+    ImageRef::of_plan(&plan.source)
 }
 
 /// Takes the node lock without stalling the async runtime.

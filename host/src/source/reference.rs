@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::{Result, anyhow, bail};
 use kata_addons_facts::reference::{self, Familiar, LAYOUT_PREFIX, Named, RefError, describe};
 
-use crate::policy::RegistryRef;
+use crate::policy::{ImageSource, RegistryRef};
 
 pub(crate) use kata_addons_facts::reference::{
     DOCKER_HUB, NAME_TOTAL_LENGTH_MAX, is_registry_host as valid_domain, is_repository as valid_repository,
@@ -104,6 +104,15 @@ impl ImageRef {
         }
     }
 
+    /// A plan's image source in the fetch layer's terms, converted part by part (see
+    /// [`ImageRef::from_plan`]).
+    pub(crate) fn of_plan(source: &ImageSource) -> Self {
+        match source {
+            ImageSource::Registry(r) => ImageRef::from_plan(r),
+            ImageSource::Layout(l) => ImageRef::Layout { path: PathBuf::from(&l.path), tag: l.tag.clone() },
+        }
+    }
+
     /// `registry/repository` (the name registries.conf prefixes and auth keys match).
     #[cfg(test)]
     pub(crate) fn name(&self) -> Option<String> {
@@ -111,6 +120,24 @@ impl ImageRef {
             ImageRef::Registry { registry, repository, .. } => Some(format!("{registry}/{repository}")),
             ImageRef::Layout { .. } => None,
         }
+    }
+}
+
+/// The pinned manifest digest of a plan's image source, if the reference has one.
+pub(crate) fn pinned_digest(source: &ImageSource) -> Option<&str> {
+    match source {
+        ImageSource::Registry(r) => r.digest.as_deref(),
+        ImageSource::Layout(_) => None,
+    }
+}
+
+/// A plan's image source as JSON (`preview`'s `plan.source`).
+pub(crate) fn source_json(source: &ImageSource) -> serde_json::Value {
+    match source {
+        ImageSource::Registry(r) => serde_json::json!({
+            "type": "registry", "registry": r.registry, "repository": r.repository, "tag": r.tag, "digest": r.digest,
+        }),
+        ImageSource::Layout(l) => serde_json::json!({ "type": "layout", "path": l.path, "tag": l.tag }),
     }
 }
 
