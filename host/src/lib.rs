@@ -7,7 +7,7 @@
 //! parsing, the policy component, references, the dm-verity check, extraction limits). The
 //! modules only the commands reach (install, daemon, state, lock, ...) are private.
 
-mod attest;
+pub mod attest;
 pub mod cli;
 pub mod configmap;
 mod daemon;

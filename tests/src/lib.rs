@@ -16,6 +16,7 @@
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
 //! - [`hostile`]: a raw tar writer for hostile layers and the catalogue `bench/hostile` measures;
 //! - [`oras`]: a real ORAS client (the ORAS Python SDK) pushing OCI artifacts, indexes, layouts;
+//! - [`ovmf`]: test firmware shaped like Kata's AMDSEV OVMF and `sev-snp-measure` as the oracle;
 //! - [`node`]: a throwaway node root with sample Kata configs, snapshots, effective config;
 //! - [`measure`]: run the binary and read its peak RSS and CPU time;
 //! - [`kata_addons_bin`] / [`run_kata`]: run the real binary.
@@ -32,6 +33,7 @@ pub mod image;
 pub mod measure;
 pub mod node;
 pub mod oras;
+pub mod ovmf;
 pub mod proxy;
 pub mod registry;
 pub mod tls;

@@ -10,11 +10,13 @@ use anyhow::{Context, Result, bail};
 use cap_std::fs::OpenOptionsExt;
 use serde::Serialize;
 
+pub(crate) mod cmdline;
 pub(crate) mod hkd;
 pub(crate) mod invalidates;
 pub(crate) mod publish;
 pub(crate) mod report;
 pub(crate) mod se;
+pub mod snp;
 
 use crate::kata_config::{self, ExtensionImage, Fragment, Setting};
 use crate::node::Root;
@@ -206,7 +208,7 @@ pub(crate) fn reference_values(t: &Target) -> Vec<Value> {
     let mut out = artifact_values(t);
     match t.provider {
         Provider::Se => out.extend(se_values(t)),
-        Provider::Snp => {}
+        Provider::Snp => out.extend(snp::reference_values(t)),
         Provider::Tdx => {
             for name in ["mr_td", "rtmr_1", "rtmr_2"] {
                 out.push(Value::Unavailable {

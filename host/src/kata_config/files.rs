@@ -259,6 +259,15 @@ pub(crate) struct Setting {
 
 /// Looks up a dotted key path through the fragments: the last fragment that sets it wins.
 pub(crate) fn effective(fragments: &[Fragment], key: &[&str]) -> Option<Setting> {
+    effective_value(fragments, key).map(|(v, from)| Setting {
+        value: v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()),
+        from: from.to_string(),
+    })
+}
+
+/// The TOML value of a dotted key path in effect after Kata merges the fragments, and the
+/// node path of the fragment that set it last.
+pub(crate) fn effective_value<'a>(fragments: &'a [Fragment], key: &[&str]) -> Option<(&'a toml::Value, &'a str)> {
     let mut found = None;
     for f in fragments {
         let Ok(table) = &f.table else { continue };
@@ -269,8 +278,7 @@ pub(crate) fn effective(fragments: &[Fragment], key: &[&str]) -> Option<Setting>
             t = cur.and_then(toml::Value::as_table);
         }
         if let Some(v) = cur {
-            let value = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
-            found = Some(Setting { value, from: f.path.clone() });
+            found = Some((v, f.path.as_str()));
         }
     }
     found
