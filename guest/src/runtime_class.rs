@@ -3,6 +3,7 @@
 //! trimmed, duplicates are collapsed (first occurrence kept, order kept), and each must be
 //! a handler Kubernetes accepts: a DNS-1123 label (`RuntimeClass.handler`).
 
+use alloc::collections::BTreeSet;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -14,9 +15,28 @@ use crate::wit::{Violation, ViolationCode};
 /// Most handlers one addon targets (the runner's cap on runtime configurations).
 pub(crate) const MAX_HANDLERS: usize = 32;
 
+/// Most comma-separated entries read, duplicates included, counted before anything else is
+/// looked at: twice [`MAX_HANDLERS`]. kata-deploy defines about twenty Kata handlers per
+/// install, so no real list comes near it, and it keeps the policy's work on this key
+/// bounded (one violation instead of one per entry of a huge list).
+pub(crate) const MAX_ENTRIES: usize = 2 * MAX_HANDLERS;
+
 /// The handlers of a `runtimeClass` value (already trimmed), in order, each once; every
 /// entry that is not a valid handler is a violation of `key` naming it.
 pub(crate) fn parse(key: &str, value: &str, errs: &mut Vec<Violation>) -> Vec<String> {
+    let entries = value.bytes().filter(|b| *b == b',').count().saturating_add(1);
+    if entries > MAX_ENTRIES {
+        errs.push(Violation {
+            key: String::from(key),
+            code: ViolationCode::InvalidName,
+            message: format!(
+                "`{key}` has {entries} comma-separated entries: at most {MAX_ENTRIES} (and at most {MAX_HANDLERS} \
+                 distinct handlers)"
+            ),
+        });
+        return Vec::new();
+    }
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
     let mut out: Vec<String> = Vec::new();
     let mut bad = false;
     for (i, entry) in value.split(',').map(str::trim).enumerate() {
@@ -43,7 +63,7 @@ pub(crate) fn parse(key: &str, value: &str, errs: &mut Vec<Violation>) -> Vec<St
                     show(entry)
                 ),
             });
-        } else if !out.iter().any(|h| h == entry) {
+        } else if seen.insert(entry) {
             out.push(String::from(entry));
         }
     }

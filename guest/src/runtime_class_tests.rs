@@ -51,3 +51,17 @@ fn an_invalid_runtime_class_names_the_handler() {
     assert_eq!(codes(&v), [("runtimeClass", ViolationCode::InvalidName)]);
     assert!(v[0].message.contains("at most 32"), "{}", v[0].message);
 }
+
+/// A huge list is one violation naming the key and the limit, found before any entry is
+/// parsed or compared (the dedupe was quadratic in the entry count).
+#[test]
+fn a_huge_runtime_class_list_is_one_violation() {
+    let huge: Vec<String> = (0..20_000).map(|i| alloc::format!("kata-{i}")).collect();
+    let v = env_err(&[("addonImage", IMG), ("kernelPath", "/k"), ("runtimeClass", &huge.join(","))]);
+    assert_eq!(codes(&v), [("runtimeClass", ViolationCode::InvalidName)]);
+    assert!(v[0].message.contains("20000 comma-separated entries: at most 64"), "{}", v[0].message);
+    let dup: Vec<&str> = core::iter::repeat_n("kata-qemu-snp", 64).collect();
+    let env =
+        env_ok(&[("addonImage", IMG), ("provider", "snp"), ("kernelPath", "/k"), ("runtimeClass", &dup.join(","))]);
+    assert!(env.iter().any(|(k, v)| k == "ADDON_RUNTIME_CLASS" && v == "kata-qemu-snp"));
+}
