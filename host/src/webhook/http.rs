@@ -127,8 +127,90 @@ fn json(body: Vec<u8>) -> Response<Body> {
     r
 }
 
+/// How often one client's refusals are logged: the first in each interval, then one line
+/// counting the rest.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Most clients whose refusals are counted at once (a client's entry goes once its interval
+/// has passed; past this, refusals of new clients are counted together).
+const REFUSAL_LOG_CLIENTS: usize = 1024;
+
+/// Refusals per client, so that a client sending thousands of refused requests (HTTP/2
+/// streams) a second costs a log line per interval, not one per request.
+#[derive(Default)]
+struct RefusalLog {
+    clients: HashMap<IpAddr, Refusals>,
+    /// Refusals not logged for clients that found the table full.
+    overflow: u64,
+}
+
+/// One client's refusals in its current interval.
+struct Refusals {
+    since: Instant,
+    /// Refusals in the interval that were not logged.
+    unlogged: u64,
+}
+
+/// The refusal log of this process.
+static REFUSAL_LOG: Mutex<Option<RefusalLog>> = Mutex::new(None);
+
+/// Whether a refusal for `ip` is logged now (the first of its interval); logs the count
+/// of the previous interval's unlogged refusals first.
+pub(super) fn log_refusal(ip: IpAddr, now: Instant) -> bool {
+    let mut guard = REFUSAL_LOG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let log = guard.get_or_insert_with(RefusalLog::default);
+    if let Some(r) = log.clients.get_mut(&ip) {
+        if now.duration_since(r.since) < REFUSAL_LOG_INTERVAL {
+            r.unlogged += 1;
+            return false;
+        }
+        if r.unlogged > 0 {
+            tracing::warn!(client = %ip, refused = r.unlogged, interval = ?REFUSAL_LOG_INTERVAL, "more admission requests refused (not logged one by one)");
+        }
+        *r = Refusals { since: now, unlogged: 0 };
+        return true;
+    }
+    if log.clients.len() >= REFUSAL_LOG_CLIENTS {
+        flush_stale(log, now);
+    }
+    if log.clients.len() >= REFUSAL_LOG_CLIENTS {
+        log.overflow += 1;
+        return false;
+    }
+    log.clients.insert(ip, Refusals { since: now, unlogged: 0 });
+    true
+}
+
+/// Logs and forgets the clients whose interval has passed.
+fn flush_stale(log: &mut RefusalLog, now: Instant) {
+    log.clients.retain(|ip, r| {
+        let stale = now.duration_since(r.since) >= REFUSAL_LOG_INTERVAL;
+        if stale && r.unlogged > 0 {
+            tracing::warn!(client = %ip, refused = r.unlogged, "more admission requests refused (not logged one by one)");
+        }
+        !stale
+    });
+    if log.overflow > 0 {
+        tracing::warn!(refused = log.overflow, "more admission requests refused by clients not counted one by one");
+        log.overflow = 0;
+    }
+}
+
+/// Logs the count of a client's unlogged refusals when its connection closes.
+pub(super) fn connection_closed(ip: IpAddr) {
+    let mut guard = REFUSAL_LOG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(log) = guard.as_mut()
+        && let Some(r) = log.clients.get_mut(&ip)
+        && r.unlogged > 0
+    {
+        tracing::warn!(client = %ip, refused = r.unlogged, "more admission requests refused on the connection just closed (not logged one by one)");
+        r.unlogged = 0;
+    }
+}
+
 fn bad_request(status: StatusCode, peer: SocketAddr, msg: String) -> Response<Body> {
-    tracing::warn!(%peer, status = status.as_u16(), error = %msg, "refused an admission request");
+    if log_refusal(peer.ip(), Instant::now()) {
+        tracing::warn!(%peer, status = status.as_u16(), error = %msg, "refused an admission request");
+    }
     let mut r = text(status, format!("{msg}\n"));
     if status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
@@ -257,4 +339,22 @@ pub(super) async fn route(
 /// The probe listener's endpoints: the probes only.
 pub(super) async fn route_probe(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     Ok(probe(&app, &req).unwrap_or_else(|| text(StatusCode::NOT_FOUND, "not found\n")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One client's refusals: the first of each interval is logged, the rest only counted.
+    #[test]
+    fn refusals_are_logged_once_per_client_and_interval() {
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.7".parse().expect("ip"), "192.0.2.8".parse().expect("ip"));
+        let t = Instant::now();
+        assert!(log_refusal(a, t));
+        let logged = (0..10_000).filter(|_| log_refusal(a, t + Duration::from_millis(5))).count();
+        assert_eq!(logged, 0);
+        assert!(log_refusal(b, t), "another client has its own interval");
+        assert!(log_refusal(a, t + REFUSAL_LOG_INTERVAL), "the next interval logs again");
+        connection_closed(a);
+    }
 }

@@ -282,6 +282,14 @@ async fn connection<I, S>(
     S: Service<Request<Incoming>, Response = Response<Body>, Error = std::convert::Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
+    /// Logs the client's unlogged refusals however the connection ends.
+    struct Closed(std::net::IpAddr);
+    impl Drop for Closed {
+        fn drop(&mut self) {
+            http::connection_closed(self.0);
+        }
+    }
+    let _closed = Closed(peer.ip());
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let mut closing: Option<Instant> = None;
@@ -352,7 +360,9 @@ where
         let reserved = match slots.reserve(peer.ip()) {
             Ok(r) => r,
             Err(why) => {
-                tracing::warn!(%peer, "{why}; closing this one");
+                if http::log_refusal(peer.ip(), std::time::Instant::now()) {
+                    tracing::warn!(%peer, "{why}; closing this one");
+                }
                 continue;
             }
         };
@@ -362,7 +372,12 @@ where
         tokio::spawn(async move {
             let _slot = match slots.take(reserved, &activity).await {
                 Ok(s) => s,
-                Err(why) => return tracing::warn!(%peer, "{why}; closing this one"),
+                Err(why) => {
+                    if http::log_refusal(peer.ip(), std::time::Instant::now()) {
+                        tracing::warn!(%peer, "{why}; closing this one");
+                    }
+                    return;
+                }
             };
             task.await;
         });
