@@ -19,7 +19,38 @@ pub fn trimmed(value: &str) -> Option<&str> {
     if v.is_empty() { None } else { Some(v) }
 }
 
-/// A value quoted for a message: backticks, control characters escaped, long values cut.
+/// Whether a character must not reach a message, a log line or a terminal as it is: a
+/// control character (C0, DEL, C1), or an invisible one that reorders or breaks the text
+/// around it (the bidirectional marks, embeddings, overrides and isolates U+061C, U+200E,
+/// U+200F, U+202A-U+202E, U+2066-U+2069; the line and paragraph separators U+2028, U+2029).
+pub fn is_unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+        || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+/// Text from outside (a file, a ConfigMap, an image) as a message shows it: every
+/// [`is_unsafe_char`] escaped (`\n`, `\u{202e}`), everything else as it is. Every message
+/// that echoes input text formats it through this (or [`show`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Escaped<'a>(pub &'a str);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write as _;
+        for c in self.0.chars() {
+            if is_unsafe_char(c) {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A value quoted for a message: backticks, [`is_unsafe_char`] characters escaped, long
+/// values cut.
 pub fn show(s: &str) -> String {
     const MAX_CHARS: usize = 80;
     let mut out = String::from("`");
@@ -28,7 +59,7 @@ pub fn show(s: &str) -> String {
             out.push('…');
             break;
         }
-        if c.is_control() {
+        if is_unsafe_char(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -231,5 +262,8 @@ mod tests {
         assert_eq!(trimmed(" \t\n"), None);
         assert_eq!(trimmed(""), None);
         assert_eq!(show("a\nb"), "`a\\nb`");
+        assert_eq!(show("a\u{202e}b\u{2066}\u{85}"), "`a\\u{202e}b\\u{2066}\\u{85}`");
+        assert_eq!(alloc::format!("{}", Escaped("vmlinuz\u{202e}zg.\x1b[2J")), "vmlinuz\\u{202e}zg.\\u{1b}[2J");
+        assert_eq!(alloc::format!("{}", Escaped("plain/ü")), "plain/ü");
     }
 }

@@ -8,8 +8,10 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use kata_addons_facts::Escaped;
 
 use crate::error::invalid;
+use crate::nodefs::{Budget, FilePath, Kind, MAX_DIR_ENTRIES, NodeFs};
 use crate::policy::KeyValue;
 
 /// Largest ConfigMap file or key file accepted (Kubernetes caps a ConfigMap at 1 MiB).
@@ -128,7 +130,7 @@ fn read_text(path: &Path) -> Result<String> {
 /// Parses a ConfigMap document: a whole ConfigMap (`kind: ConfigMap` / `apiVersion`
 /// with `data`) or a bare key/value map. Values must be strings.
 pub fn parse_configmap(text: &str) -> Result<Vec<KeyValue>> {
-    let doc: serde_norway::Value = serde_norway::from_str(text).context("not valid YAML or JSON")?;
+    let doc: serde_norway::Value = crate::yaml::from_str(text).context("not valid YAML or JSON")?;
     let map = match doc {
         serde_norway::Value::Mapping(m) => m,
         serde_norway::Value::Null => bail!("the document is empty; expected a ConfigMap or a key/value map"),
@@ -183,8 +185,12 @@ fn kind_of(v: &serde_norway::Value) -> &'static str {
 /// is there, it is resolved once and every key is read from that one generation directory
 /// (kubelet swaps `..data` atomically; reading `key -> ..data/key` links one by one could
 /// mix two generations). If the generation is replaced while it is read, the read starts
-/// over, so the result is always one consistent set. Other dot-files are skipped.
+/// over, so the result is always one consistent set. Other dot-files are skipped. Every key
+/// must resolve inside the directory (a symlink leading out of it is refused naming the
+/// key, its target never read), and all keys together are at most [`MAX_BYTES`], as
+/// Kubernetes caps a ConfigMap.
 pub fn read_configmap_dir(dir: &Path) -> Result<Vec<KeyValue>> {
+    let fs = NodeFs::open(dir).with_context(|| format!("opening ConfigMap directory {}", dir.display()))?;
     let mut last_err = None;
     for _ in 0..10 {
         let generation = match std::fs::read_link(dir.join("..data")) {
@@ -193,13 +199,16 @@ pub fn read_configmap_dir(dir: &Path) -> Result<Vec<KeyValue>> {
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => None, // not a symlink
             Err(e) => return Err(e).with_context(|| format!("reading {}/..data", dir.display())),
         };
-        let Some(generation) = generation else { return read_key_files(dir) };
+        let Some(generation) = generation else { return read_key_files(&fs, dir, "") };
         let name = generation.to_str().unwrap_or_default();
         if name.is_empty() || name.contains('/') || !name.starts_with("..") || name == ".." {
-            bail!("{}/..data points at {generation:?}, not a generation directory beside it", dir.display());
+            bail!(
+                "{}/..data points at {}, not a generation directory beside it",
+                dir.display(),
+                Escaped(&generation.to_string_lossy())
+            );
         }
-        let gen_dir = dir.join(name);
-        let read = read_key_files(&gen_dir);
+        let read = read_key_files(&fs, dir, name);
         let still = std::fs::read_link(dir.join("..data")).ok();
         match read {
             Ok(v) if still.as_deref() == Some(generation.as_path()) => return Ok(v),
@@ -215,40 +224,50 @@ pub fn read_configmap_dir(dir: &Path) -> Result<Vec<KeyValue>> {
     Err(last_err.unwrap_or_else(|| anyhow::anyhow!("ConfigMap {} keeps changing while it is read", dir.display())))
 }
 
-/// Reads every regular, non-dot file of `dir` as one key.
-fn read_key_files(dir: &Path) -> Result<Vec<KeyValue>> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("reading ConfigMap directory {}", dir.display()))?;
+/// Reads every regular, non-dot file of `sub` (a directory name inside the mount, `""` for
+/// the mount itself) as one key.
+fn read_key_files(fs: &NodeFs, dir: &Path, sub: &str) -> Result<Vec<KeyValue>> {
+    let budget = Budget { entries: MAX_DIR_ENTRIES, files: MAX_KEYS, bytes: MAX_BYTES, depth: 0 };
+    let mut walk = fs.walk("the ConfigMap", budget);
+    let shown = if sub.is_empty() { dir.display().to_string() } else { format!("{}/{sub}", dir.display()) };
+    let entries = walk
+        .list(&FilePath::node(sub))
+        .map_err(|e| invalid(format!("ConfigMap directory {shown}: {e:#}")))?
+        .with_context(|| format!("ConfigMap directory {shown} does not exist"))?;
     let mut out = BTreeMap::new();
-    for entry in entries {
-        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
-        let name = entry.file_name();
-        let Some(key) = name.to_str() else {
-            return Err(invalid(format!(
-                "ConfigMap directory {} holds a file whose name is not UTF-8: {name:?}",
-                dir.display()
-            )));
-        };
+    for e in entries {
+        let key = e.name;
         if key.starts_with('.') {
             continue;
         }
         if out.len() >= MAX_KEYS {
+            return Err(invalid(format!("ConfigMap directory {shown} has more than the limit of {MAX_KEYS} keys")));
+        }
+        let node_path = e.path.to_string();
+        if !fs.stays_inside(&node_path)? {
             return Err(invalid(format!(
-                "ConfigMap directory {} has more than the limit of {MAX_KEYS} keys",
-                dir.display()
+                "ConfigMap key {} in {shown} is a symlink leading out of the directory: a mounted ConfigMap's keys \
+                 resolve inside it (kubelet's `..data` links do); refused, nothing read from its target",
+                Escaped(&key)
             )));
         }
-        let path: PathBuf = entry.path();
-        if !path.is_file() {
+        if e.kind != Some(Kind::File) {
             continue;
         }
-        let value = read_text(&path).with_context(|| format!("reading ConfigMap key `{key}`"))?;
-        if value.len() as u64 > MAX_BYTES {
-            return Err(invalid(format!(
-                "ConfigMap key file {} is larger than the limit of {MAX_BYTES} bytes",
-                path.display()
-            )));
-        }
-        out.insert(key.to_string(), KeyValue { name: key.to_string(), value });
+        let bytes = match walk.read_all(&e.path, MAX_BYTES) {
+            Ok(Some(b)) => b,
+            Ok(None) => continue, // gone since the listing
+            Err(err) => {
+                return Err(invalid(format!(
+                    "ConfigMap key {} in {shown}: {err:#} (a ConfigMap holds at most {MAX_BYTES} bytes)",
+                    Escaped(&key)
+                )));
+            }
+        };
+        let Ok(value) = String::from_utf8(bytes) else {
+            return Err(invalid(format!("ConfigMap key {} in {shown} is not UTF-8 text", Escaped(&key))));
+        };
+        out.insert(key.clone(), KeyValue { name: key, value });
     }
     Ok(out.into_values().collect())
 }

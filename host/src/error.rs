@@ -78,6 +78,13 @@ fn rejection<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a [Violat
     }
 }
 
+/// A message as it is printed: what [`kata_addons_facts::is_unsafe_char`] names escaped
+/// except the message's own line breaks, so no text from outside that a message carries
+/// (a file's name, an image's annotation) reaches the terminal raw, however it got in.
+pub fn printable(msg: &str) -> String {
+    msg.split('\n').map(|line| kata_addons_facts::Escaped(line).to_string()).collect::<Vec<_>>().join("\n")
+}
+
 /// Prints an error on stderr (a policy rejection as one line per problem) and returns
 /// its exit code.
 pub fn report(err: &anyhow::Error) -> u8 {
@@ -88,11 +95,11 @@ pub fn report(err: &anyhow::Error) -> u8 {
             if violations.len() == 1 { "" } else { "s" }
         );
         for v in violations {
-            eprintln!("  {}: {} [{}]", v.key, v.message, code_name(v.code));
+            eprintln!("  {}: {} [{}]", printable(&v.key), printable(&v.message), code_name(v.code));
         }
         return Class::InvalidConfig.exit_code();
     }
-    eprintln!("error: {err:#}");
+    eprintln!("error: {}", printable(&format!("{err:#}")));
     classify(err).exit_code()
 }
 

@@ -32,6 +32,7 @@ mod state;
 pub mod trust;
 pub mod verity;
 pub mod webhook;
+mod yaml;
 
 /// The embedded policy component, built from `guest/` by `build.rs`.
 pub const GUEST_WASM: &[u8] = include_bytes!(env!("KATA_ADDONS_GUEST_WASM"));

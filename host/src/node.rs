@@ -51,12 +51,25 @@ impl Root {
     /// meaning the node's `/`, `..` clamped at the root) but entirely inside the root.
     /// Returns the resolved path relative to the root; the last component may not exist.
     pub(crate) fn resolve(&self, node_path: &str) -> Result<PathBuf> {
+        Ok(self.resolve_tracking(node_path)?.0)
+    }
+
+    /// Whether resolving a node path stays inside the root on its own: no symlink on the
+    /// way has an absolute target or climbs past the root with `..` (which
+    /// [`Root::resolve`] clamps to the root).
+    pub(crate) fn resolves_inside(&self, node_path: &str) -> Result<bool> {
+        Ok(!self.resolve_tracking(node_path)?.1)
+    }
+
+    /// [`Root::resolve`], and whether a symlink on the way led out of the root.
+    fn resolve_tracking(&self, node_path: &str) -> Result<(PathBuf, bool)> {
+        let mut escaped = false;
         let mut pending: Vec<String> = components(node_path).into_iter().rev().collect();
         let mut resolved: Vec<String> = Vec::new();
         let mut hops = 0;
         while let Some(c) = pending.pop() {
             if c == ".." {
-                resolved.pop();
+                escaped |= resolved.pop().is_none();
                 continue;
             }
             let candidate: PathBuf = resolved.iter().chain(std::iter::once(&c)).collect();
@@ -75,6 +88,7 @@ impl Root {
                         .with_context(|| format!("symlink /{} has a non-UTF-8 target", candidate.display()))?
                         .to_string();
                     if target.starts_with('/') {
+                        escaped = true;
                         resolved.clear();
                     }
                     pending.extend(components(&target).into_iter().rev());
@@ -85,7 +99,7 @@ impl Root {
                     // Nothing below a missing component can be a symlink.
                     while let Some(rest) = pending.pop() {
                         if rest == ".." {
-                            resolved.pop();
+                            escaped |= resolved.pop().is_none();
                         } else {
                             resolved.push(rest);
                         }
@@ -94,7 +108,7 @@ impl Root {
                 Err(e) => return Err(e).with_context(|| format!("inspecting /{} on the node", candidate.display())),
             }
         }
-        Ok(resolved.iter().collect())
+        Ok((resolved.iter().collect(), escaped))
     }
 
     /// Creates (if needed) and opens a directory at a root-relative path, refusing any

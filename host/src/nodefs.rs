@@ -9,6 +9,7 @@
 //! refuses an escape even if the tree changes meanwhile. Only regular files are read
 //! (opened non-blocking, so a FIFO cannot stall the runner), and at most a cap of bytes.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -86,6 +87,8 @@ pub(crate) struct Entry {
     pub path: FilePath,
     /// What it is after following symlinks; `None` when the link leads nowhere.
     pub kind: Option<Kind>,
+    /// Whether the entry itself is a symlink.
+    pub link: bool,
 }
 
 /// The node root, shared by everything that reads node files in one operation.
@@ -121,8 +124,9 @@ impl NodeFs {
         }
     }
 
-    /// Reads a regular file of at most `cap` bytes; `None` when it does not exist.
-    pub(crate) fn read(&self, path: &FilePath, cap: u64) -> Result<Option<Vec<u8>>> {
+    /// Opens a regular file for reading (non-blocking, so a FIFO swapped in after the check
+    /// cannot stall the runner); `None` when it does not exist.
+    fn open_regular(&self, path: &FilePath) -> Result<Option<std::fs::File>> {
         match self.kind(path)? {
             None => return Ok(None),
             Some(Kind::File) => {}
@@ -152,12 +156,13 @@ impl NodeFs {
         if !file.metadata().with_context(|| format!("inspecting {path}"))?.is_file() {
             bail!("{path} is not a regular file");
         }
-        let mut out = Vec::new();
-        file.take(cap.saturating_add(1)).read_to_end(&mut out).with_context(|| format!("reading {path}"))?;
-        if out.len() as u64 > cap {
-            bail!("{path} is larger than {cap} bytes, the most read from a configuration file");
-        }
-        Ok(Some(out))
+        Ok(Some(file))
+    }
+
+    /// Reads a regular file of at most `cap` bytes; `None` when it does not exist.
+    pub(crate) fn read(&self, path: &FilePath, cap: u64) -> Result<Option<Vec<u8>>> {
+        let Some(file) = self.open_regular(path)? else { return Ok(None) };
+        read_capped(file, path, cap).map(Some)
     }
 
     /// Reads a UTF-8 text file of at most `cap` bytes; `None` when it does not exist.
@@ -168,17 +173,31 @@ impl NodeFs {
         }
     }
 
+    /// Whether a node path resolves inside the root without a symlink leading out of it (an
+    /// absolute target, or `..` past the root), which [`NodeFs::read`] would follow back into
+    /// the root instead. For a directory that must be self-contained (a mounted ConfigMap).
+    pub(crate) fn stays_inside(&self, node_path: &str) -> Result<bool> {
+        self.root.resolves_inside(node_path).with_context(|| format!("resolving {node_path}"))
+    }
+
     /// The entries of a directory, sorted by name, each with what it is after following
     /// symlinks the node's way; `None` when the directory does not exist. Names that are
-    /// not UTF-8 are skipped (no configuration file name is).
+    /// not UTF-8 are skipped (no configuration file name is). More than
+    /// [`MAX_DIR_ENTRIES`] entries is an error naming the directory.
     pub(crate) fn list(&self, dir: &FilePath) -> Result<Option<Vec<Entry>>> {
+        Ok(self.list_identified(dir, MAX_DIR_ENTRIES)?.map(|(_, entries)| entries))
+    }
+
+    /// [`NodeFs::list`] with at most `max` entries, and the directory's (device, inode).
+    fn list_identified(&self, dir: &FilePath, max: usize) -> Result<Option<(FileId, Vec<Entry>)>> {
         match self.kind(dir)? {
             None => return Ok(None),
             Some(Kind::Dir) => {}
             Some(_) => bail!("{dir} is not a directory"),
         }
+        let too_many = || anyhow::anyhow!("{dir} has more than {max} entries, the most kata-addons lists");
         let mut names = Vec::new();
-        match dir {
+        let (id, base) = match dir {
             FilePath::Node(p) => {
                 let rel = self.resolve(p)?;
                 let d = match self.root.dir().open_dir(&rel) {
@@ -186,26 +205,221 @@ impl NodeFs {
                     Err(e) if node::is_absent(&e) => return Ok(None),
                     Err(e) => return Err(e).with_context(|| format!("opening the directory {dir}")),
                 };
+                let m = d.dir_metadata().with_context(|| format!("inspecting {dir}"))?;
                 for e in d.entries().with_context(|| format!("listing {dir}"))? {
                     let e = e.with_context(|| format!("listing {dir}"))?;
                     names.extend(e.file_name().into_string().ok());
+                    if names.len() > max {
+                        return Err(too_many());
+                    }
                 }
+                (FileId(cap_std::fs::MetadataExt::dev(&m), cap_std::fs::MetadataExt::ino(&m)), Some(rel))
             }
             FilePath::Local(p) => {
+                let m = std::fs::metadata(p).with_context(|| format!("inspecting {dir}"))?;
                 for e in std::fs::read_dir(p).with_context(|| format!("listing {dir}"))? {
                     let e = e.with_context(|| format!("listing {dir}"))?;
                     names.extend(e.file_name().into_string().ok());
+                    if names.len() > max {
+                        return Err(too_many());
+                    }
                 }
+                (FileId(std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m)), None)
             }
-        }
+        };
         names.sort();
         let mut out = Vec::new();
         for name in names {
             let path = dir.join(&name);
+            let link = match (&base, dir) {
+                (Some(rel), _) => self.root.dir().symlink_metadata(rel.join(&name)).map(|m| m.file_type().is_symlink()),
+                (None, FilePath::Local(p)) => {
+                    std::fs::symlink_metadata(p.join(&name)).map(|m| m.file_type().is_symlink())
+                }
+                (None, FilePath::Node(_)) => Ok(false),
+            };
+            let link = match link {
+                Ok(l) => l,
+                Err(e) if node::is_absent(&e) => continue, // gone since the listing
+                Err(e) => return Err(e).with_context(|| format!("inspecting {path}")),
+            };
             let kind = self.kind(&path)?;
-            out.push(Entry { name, path, kind });
+            out.push(Entry { name, path, kind, link });
         }
-        Ok(Some(out))
+        Ok(Some((id, out)))
+    }
+
+    /// A bounded walk of `what` (named in its errors) under `budget`.
+    pub(crate) fn walk(&self, what: &'static str, budget: Budget) -> Walk<'_> {
+        Walk {
+            fs: self,
+            what,
+            budget,
+            files_seen: HashSet::new(),
+            dirs_seen: HashSet::new(),
+            entries: 0,
+            files: 0,
+            bytes: 0,
+        }
+    }
+}
+
+/// Reads at most `cap` bytes of an opened file, an error naming `path` past that.
+fn read_capped(file: std::fs::File, path: &FilePath, cap: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    file.take(cap.saturating_add(1)).read_to_end(&mut out).with_context(|| format!("reading {path}"))?;
+    if out.len() as u64 > cap {
+        bail!("{path} is larger than {cap} bytes, the most read from a configuration file");
+    }
+    Ok(out)
+}
+
+/// Most entries one directory listing holds (a configuration directory has a handful; a
+/// ConfigMap at most a few hundred keys).
+pub(crate) const MAX_DIR_ENTRIES: usize = 4096;
+
+/// A file's identity: (device, inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct FileId(u64, u64);
+
+/// What one walk of node configuration may cost, all its directories and files together.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    /// Most directory entries listed.
+    pub entries: usize,
+    /// Most files read (a file reached again by another path counts again).
+    pub files: usize,
+    /// Most bytes read (a file reached again counts its size again: its caller holds it twice).
+    pub bytes: u64,
+    /// Deepest directory level [`Walk::tree`] descends below its top.
+    pub depth: usize,
+}
+
+/// A file read by a [`Walk`].
+#[derive(Debug)]
+pub(crate) enum Visit {
+    /// First read of this file in the walk: its bytes.
+    Read(FileId, Vec<u8>),
+    /// The same file (device and inode) was read before in this walk, by this or another path.
+    Again(FileId),
+}
+
+/// One bounded pass over node configuration: every directory listed and every file read
+/// through it counts against one [`Budget`], each file is read once (by device and inode),
+/// and [`Walk::tree`] descends each directory once, never through a symlink, so a symlink
+/// loop cannot make it loop. Every refusal names the file or directory.
+pub(crate) struct Walk<'a> {
+    fs: &'a NodeFs,
+    what: &'static str,
+    budget: Budget,
+    files_seen: HashSet<FileId>,
+    dirs_seen: HashSet<FileId>,
+    entries: usize,
+    files: usize,
+    bytes: u64,
+}
+
+impl Walk<'_> {
+    /// Reads a regular file of at most `cap` bytes; `None` when it does not exist.
+    pub(crate) fn read(&mut self, path: &FilePath, cap: u64) -> Result<Option<Visit>> {
+        let Some(file) = self.fs.open_regular(path)? else { return Ok(None) };
+        let m = file.metadata().with_context(|| format!("inspecting {path}"))?;
+        let id = FileId(std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m));
+        self.files += 1;
+        if self.files > self.budget.files {
+            bail!("{path}: {} reads more than {} files, the most kata-addons reads", self.what, self.budget.files);
+        }
+        let left = self.budget.bytes.saturating_sub(self.bytes);
+        let (what, total) = (self.what, self.budget.bytes);
+        let over = || {
+            anyhow::anyhow!(
+                "{path}: with this file {what} is more than {total} bytes together, the most kata-addons reads"
+            )
+        };
+        if !self.files_seen.insert(id) {
+            if m.len() > left {
+                return Err(over());
+            }
+            self.bytes += m.len();
+            return Ok(Some(Visit::Again(id)));
+        }
+        let mut bytes = Vec::new();
+        file.take(cap.min(left).saturating_add(1))
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("reading {path}"))?;
+        if bytes.len() as u64 > cap {
+            bail!("{path} is larger than {cap} bytes, the most read from a configuration file");
+        }
+        if bytes.len() as u64 > left {
+            return Err(over());
+        }
+        self.bytes += bytes.len() as u64;
+        Ok(Some(Visit::Read(id, bytes)))
+    }
+
+    /// [`Walk::read`] for a reader that takes each name on its own: a file reached again is
+    /// read again (and counted again).
+    pub(crate) fn read_all(&mut self, path: &FilePath, cap: u64) -> Result<Option<Vec<u8>>> {
+        match self.read(path, cap)? {
+            None => Ok(None),
+            Some(Visit::Read(_, b)) => Ok(Some(b)),
+            Some(Visit::Again(_)) => self.fs.read(path, cap),
+        }
+    }
+
+    /// [`NodeFs::list`], its entries counted against the budget.
+    pub(crate) fn list(&mut self, dir: &FilePath) -> Result<Option<Vec<Entry>>> {
+        let left = self.budget.entries.saturating_sub(self.entries).min(MAX_DIR_ENTRIES);
+        let listed = self.fs.list_identified(dir, left).map_err(|e| {
+            if left < MAX_DIR_ENTRIES {
+                anyhow::anyhow!(
+                    "{dir}: {} lists more than {} directory entries, the most kata-addons lists",
+                    self.what,
+                    self.budget.entries
+                )
+            } else {
+                e
+            }
+        })?;
+        Ok(listed.map(|(_, entries)| {
+            self.entries += entries.len();
+            entries
+        }))
+    }
+
+    /// Every entry below `dir` that is not a directory, in the order Go's `filepath.Walk`
+    /// visits them (lexical, depth first). Like it, a symlink is never descended: a symlink
+    /// to a directory is returned as an entry (its `kind` says where it leads). A directory
+    /// deeper than the budget's depth, or reached twice (a bind mount), is an error naming
+    /// it. `None` when `dir` does not exist.
+    pub(crate) fn tree(&mut self, dir: &FilePath) -> Result<Option<Vec<Entry>>> {
+        let mut out = Vec::new();
+        Ok(self.descend(dir, 0, &mut out)?.map(|()| out))
+    }
+
+    fn descend(&mut self, dir: &FilePath, depth: usize, out: &mut Vec<Entry>) -> Result<Option<()>> {
+        let left = self.budget.entries.saturating_sub(self.entries).min(MAX_DIR_ENTRIES);
+        let Some((id, entries)) = self.fs.list_identified(dir, left)? else { return Ok(None) };
+        self.entries += entries.len();
+        if !self.dirs_seen.insert(id) {
+            bail!("{dir} is a directory already walked (a loop), reading {}", self.what);
+        }
+        for e in entries {
+            if e.kind == Some(Kind::Dir) && !e.link {
+                if depth >= self.budget.depth {
+                    bail!(
+                        "{}: a directory more than {} levels deep, the most kata-addons walks reading {}",
+                        e.path,
+                        self.budget.depth,
+                        self.what
+                    );
+                }
+                self.descend(&e.path, depth + 1, out)?;
+            } else {
+                out.push(e);
+            }
+        }
+        Ok(Some(()))
     }
 }
 

@@ -8,11 +8,10 @@
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-use std::os::unix::ffi::OsStrExt;
-
 use anyhow::{Context, Result, bail};
 
 use crate::node::{self, Root};
+use crate::nodefs::{Budget, FilePath, Kind, MAX_DIR_ENTRIES, NodeFs};
 
 /// Name of the drop-in directory beside a runtime configuration.
 pub(crate) use kata_addons_facts::CONFIG_D;
@@ -100,15 +99,11 @@ pub(crate) fn existing(root: &Root, candidates: &[String]) -> Result<Vec<Runtime
 /// its directory that resolve to a different regular file in that same directory.
 pub(crate) fn sharing_config_d(root: &Root, rc: &RuntimeConfig) -> Result<Vec<String>> {
     let dir_rel = rc.dir_rel();
-    let dir = root
-        .dir()
-        .open_dir(if dir_rel.as_os_str().is_empty() { Path::new(".") } else { &dir_rel })
-        .with_context(|| format!("opening {}", node::node_path(&dir_rel)))?;
+    let fs = NodeFs::open(root.path())?;
+    let entries = fs.list(&FilePath::Node(node::node_path(&dir_rel)))?.unwrap_or_default();
     let mut others = Vec::new();
-    for entry in dir.entries().with_context(|| format!("listing {}", node::node_path(&dir_rel)))? {
-        let entry = entry.with_context(|| format!("listing {}", node::node_path(&dir_rel)))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
+    for entry in entries {
+        let name = entry.name.as_str();
         if !kata_addons_facts::is_configuration_file_name(name) {
             continue;
         }
@@ -207,21 +202,31 @@ pub(crate) struct Fragment {
 pub(crate) fn fragments(root: &Root, rc_rel: &Path) -> Result<Vec<Fragment>> {
     let mut out = vec![read_fragment(root, rc_rel)?];
     let config_d = rc_rel.parent().map(Path::to_path_buf).unwrap_or_default().join(CONFIG_D);
-    let dir = match root.dir().open_dir(&config_d) {
-        Ok(d) => d,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(e).with_context(|| node::refused_or(&config_d, "opening")),
-    };
-    let mut names = Vec::new();
-    for entry in dir.entries().with_context(|| format!("listing {}", node::node_path(&config_d)))? {
-        names.push(entry.with_context(|| format!("listing {}", node::node_path(&config_d)))?.file_name());
-    }
-    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-    for name in names {
-        out.push(read_fragment(root, &config_d.join(name))?);
+    let fs = NodeFs::open(root.path())?;
+    let mut walk = fs.walk("a runtime configuration's config.d", CONFIG_D_BUDGET);
+    let Some(entries) = walk.list(&FilePath::Node(node::node_path(&config_d)))? else { return Ok(out) };
+    for e in entries {
+        let table = match e.kind {
+            // A dangling symlink: Kata cannot read it either.
+            None => Err("unreadable (a dangling symlink): Kata fails to load this configuration".to_string()),
+            Some(Kind::File) => match walk.read_all(&e.path, MAX_FRAGMENT) {
+                Ok(Some(bytes)) => match String::from_utf8(bytes) {
+                    Ok(text) => toml::from_str::<toml::Table>(&text)
+                        .map_err(|e| format!("not valid TOML, Kata fails to load this configuration: {}", e.message())),
+                    Err(_) => Err("not UTF-8 text: Kata fails to load this configuration".to_string()),
+                },
+                Ok(None) => Err("unreadable (gone while it was read)".to_string()),
+                Err(err) => Err(format!("{err:#}; not read")),
+            },
+            Some(_) => Err("not a regular file: Kata fails to load this configuration".to_string()),
+        };
+        out.push(Fragment { path: e.path.to_string(), table });
     }
     Ok(out)
 }
+
+/// What reading one `config.d` may cost: kata-deploy writes a handful of small fragments.
+const CONFIG_D_BUDGET: Budget = Budget { entries: MAX_DIR_ENTRIES, files: 256, bytes: 16 << 20, depth: 0 };
 
 fn read_fragment(root: &Root, rel: &Path) -> Result<Fragment> {
     let path = node::node_path(rel);

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use anyhow::{Result, bail};
+use kata_addons_facts::Escaped;
 use oci_spec::image::ImageManifest;
 
 /// Annotation naming a layer's file (`org.opencontainers.image.title`).
@@ -61,7 +62,8 @@ pub(crate) fn is_artifact(m: &ImageManifest) -> bool {
 }
 
 /// Checks that a title is one clean relative path (non-empty, no leading `/`, no `.`, `..`
-/// or empty components, no control characters, `/<title>` at most 4096 bytes).
+/// or empty components, no control or bidirectional characters, `/<title>` at most 4096
+/// bytes).
 fn check_title(title: &str) -> Result<()> {
     if title.starts_with('/') {
         bail!("is absolute; a title is a relative path such as \"vmlinuz\" or \"boot/vmlinuz\"");
@@ -70,8 +72,8 @@ fn check_title(title: &str) -> Result<()> {
     if !clean || title.is_empty() {
         bail!("is not a clean relative path (no empty, `.` or `..` components, no trailing `/`)");
     }
-    if title.len() + 1 > 4096 || title.chars().any(char::is_control) {
-        bail!("is longer than 4095 bytes or has control characters");
+    if title.len() + 1 > 4096 || title.chars().any(kata_addons_facts::is_unsafe_char) {
+        bail!("is longer than 4095 bytes or has control or bidirectional-override characters");
     }
     Ok(())
 }
@@ -97,15 +99,16 @@ pub(crate) fn parse(m: &ImageManifest) -> Result<Artifact> {
             continue;
         };
         if let Err(e) = check_title(title) {
-            bail!("artifact layer {} ({digest}): title {title:?} {e:#}", i + 1);
+            bail!("artifact layer {} ({digest}): title \"{}\" {e:#}", i + 1, Escaped(title));
         }
         if let Some(other) = files.iter().find(|f| overlaps(&f.title, title)) {
             let what = if other.title == *title { "repeats" } else { "overlaps" };
             bail!(
-                "artifact layer {} ({digest}): title {title:?} {what} the title {:?} of layer {}: each file of an \
+                "artifact layer {} ({digest}): title \"{}\" {what} the title \"{}\" of layer {}: each file of an \
                  artifact must have one title of its own",
                 i + 1,
-                other.title,
+                Escaped(title),
+                Escaped(&other.title),
                 other.layer + 1
             );
         }

@@ -14,7 +14,11 @@ use anyhow::{Context, Result, bail};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::nodefs::{FilePath, Kind, MAX_CONFIG_FILE, NodeFs};
+use crate::nodefs::{Budget, FilePath, Kind, MAX_CONFIG_FILE, NodeFs};
+
+/// What reading one certificates directory may cost: a CA, a client certificate and its
+/// key on a real node.
+const BUDGET: Budget = Budget { entries: 4096, files: 256, bytes: 16 << 20, depth: 0 };
 
 /// A client certificate and its key, PEM, as one buffer (`reqwest::Identity::from_pem`).
 #[derive(Clone)]
@@ -70,11 +74,16 @@ pub(crate) fn parse_pem_lenient(data: &[u8], file: &Path) -> Vec<Vec<u8>> {
 
 /// containers/image's `SetupCertificates` on one directory.
 fn setup_dir(fs: &NodeFs, dir: &FilePath, tls: &mut HostTls) -> Result<()> {
-    let Some(entries) = fs.list(dir).context("reading a certificates directory")? else { return Ok(()) };
+    let walk = std::cell::RefCell::new(fs.walk("a certificates directory", BUDGET));
+    let Some(entries) = walk.borrow_mut().list(dir).context("reading a certificates directory")? else {
+        return Ok(());
+    };
     let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
     tls.dirs.push(PathBuf::from(dir.to_string()));
     let read = |p: &FilePath| -> Result<Vec<u8>> {
-        fs.read(p, MAX_CONFIG_FILE)?.with_context(|| format!("{p} does not exist (a dangling symlink?)"))
+        walk.borrow_mut()
+            .read_all(p, MAX_CONFIG_FILE)?
+            .with_context(|| format!("{p} does not exist (a dangling symlink?)"))
     };
     for e in &entries {
         let (name, path) = (e.name.as_str(), &e.path);

@@ -14,7 +14,10 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 use super::reference;
-use crate::nodefs::{FilePath, Kind, MAX_CONFIG_FILE, NodeFs};
+use crate::nodefs::{Budget, FilePath, Kind, MAX_CONFIG_FILE, NodeFs};
+
+/// What reading registries.conf.d may cost: a handful of small files on a real node.
+const DROP_IN_BUDGET: Budget = Budget { entries: 4096, files: 256, bytes: 16 << 20, depth: 0 };
 
 /// The `credential-helpers` value that means "the auth files of containers-auth.json(5)".
 pub(crate) const AUTH_FILE_HELPER: &str = "containers-auth.json";
@@ -492,13 +495,15 @@ impl RegistriesConf {
             None => bail!("registries configuration {main} does not exist"),
         }
         if let Some(dir) = drop_in_dir {
-            let entries = fs.list(dir).context("reading registries.conf.d")?.unwrap_or_default();
+            let mut walk = fs.walk("registries.conf.d", DROP_IN_BUDGET);
+            let entries = walk.list(dir).context("reading registries.conf.d")?.unwrap_or_default();
             for e in entries.iter().filter(|e| e.name.ends_with(".conf") && e.kind != Some(Kind::Dir)) {
-                let Some(text) =
-                    fs.read_string(&e.path, MAX_CONFIG_FILE).context("reading a drop-in registries configuration")?
+                let Some(bytes) =
+                    walk.read_all(&e.path, MAX_CONFIG_FILE).context("reading a drop-in registries configuration")?
                 else {
                     continue;
                 };
+                let text = String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", e.path))?;
                 let file = PathBuf::from(e.path.to_string());
                 let parsed = parse_file(&text, &file, true)?;
                 conf.merge(parsed, &file);

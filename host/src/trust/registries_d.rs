@@ -8,7 +8,10 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 use super::policy_json::docker_namespaces;
-use crate::nodefs::{FilePath, MAX_CONFIG_FILE, NodeFs};
+use crate::nodefs::{Budget, FilePath, MAX_CONFIG_FILE, NodeFs};
+
+/// What reading registries.d may cost: a handful of small YAML files on a real node.
+const BUDGET: Budget = Budget { entries: 4096, files: 256, bytes: 16 << 20, depth: 0 };
 
 #[derive(Debug, Clone, Default, Deserialize)]
 struct Namespace {
@@ -64,7 +67,7 @@ impl RegistriesD {
         let mut out = RegistriesD::default();
         for (name, bytes) in files {
             let text = String::from_utf8(bytes).with_context(|| format!("{name}: not UTF-8"))?;
-            let cfg: ConfigFile = serde_norway::from_str(&text).with_context(|| format!("parsing {name}"))?;
+            let cfg: ConfigFile = crate::yaml::from_str(&text).with_context(|| format!("parsing {name}"))?;
             if let Some(d) = cfg.default_docker {
                 if out.default_docker.is_some() {
                     bail!("\"default-docker\" defined both in {} and {name}", out.default_from);
@@ -85,12 +88,13 @@ impl RegistriesD {
     /// Reads the `*.yaml` files of a directory (a node directory or a flag's), in name
     /// order; a missing directory, or a file gone since the listing, is nothing.
     pub(crate) fn read_dir(fs: &NodeFs, dir: &FilePath) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut walk = fs.walk("registries.d", BUDGET);
         let mut out = Vec::new();
-        for e in fs.list(dir)?.unwrap_or_default() {
+        for e in walk.list(dir)?.unwrap_or_default() {
             if !e.name.ends_with(".yaml") {
                 continue;
             }
-            if let Some(b) = fs.read(&e.path, MAX_CONFIG_FILE)? {
+            if let Some(b) = walk.read_all(&e.path, MAX_CONFIG_FILE)? {
                 out.push((e.path.to_string(), b));
             }
         }

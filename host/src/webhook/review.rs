@@ -174,4 +174,33 @@ mod tests {
         assert_eq!(cm.binary_data.expect("binaryData").keys().collect::<Vec<_>>(), ["b"]);
         assert!(serde_json::from_str::<ConfigMapIn<'_>>(r#"{"data":{"k":7}}"#).is_err());
     }
+
+    /// JSON nested 520,000 levels (within the API server's 3 MiB) is refused by serde_json's
+    /// recursion limit (128, on by default: the `unbounded_depth` feature is not enabled)
+    /// as it parses, in linear time, wherever it sits: the review itself, or the object
+    /// kept raw and parsed as a ConfigMap later.
+    #[test]
+    fn deeply_nested_json_is_refused_while_parsing() {
+        let started = std::time::Instant::now();
+        let deep = format!("{}{}", "[".repeat(520_000), "]".repeat(520_000));
+        let review = |object: &str, uid: &str| {
+            format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":{uid},
+                "kind":{{"group":"","version":"v1","kind":"ConfigMap"}},"operation":"CREATE","object":{object}}}}}"#
+            )
+        };
+        let e = parse(review("{}", &deep).as_bytes()).err().expect("refused");
+        assert!(e.contains("recursion limit exceeded") || e.contains("invalid type"), "{e}");
+        if let Ok(req) = parse(review(&deep, "\"u\"").as_bytes()) {
+            let o = req.object.expect("object");
+            let e = serde_json::from_str::<ConfigMapIn<'_>>(o.get()).err().expect("refused");
+            assert!(
+                e.to_string().contains("recursion limit exceeded") || e.to_string().contains("invalid type"),
+                "{e}"
+            );
+        }
+        let cm = format!(r#"{{"data":{{"addonImage":{deep}}}}}"#);
+        assert!(serde_json::from_str::<ConfigMapIn<'_>>(&cm).is_err());
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    }
 }

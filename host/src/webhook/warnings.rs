@@ -14,7 +14,8 @@ pub(crate) const MAX_WARNINGS: usize = 16;
 /// One warning as the API server accepts it: printable (control characters would make
 /// it drop the warning), at most [`MAX_WARNING_CHARS`] characters (cut with `…`).
 pub(crate) fn warning(text: &str) -> String {
-    let clean: String = text.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect();
+    let clean: String =
+        text.chars().map(|c| if kata_addons_facts::is_unsafe_char(c) { '\u{fffd}' } else { c }).collect();
     if clean.chars().count() <= MAX_WARNING_CHARS {
         return clean;
     }

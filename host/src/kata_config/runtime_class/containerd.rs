@@ -17,12 +17,13 @@
 //! they do not say it, a handler the two readings define differently is disputed
 //! (refused, naming both).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use anyhow::{Result, bail};
 
-use super::files::{self, Files, Kind};
+use super::files::{self, Budget, FileId, Files, Kind, MAX_FILE, Visit, Walk};
 use super::{CriConfig, Handler};
+use crate::nodefs::FilePath;
 
 /// Where a distribution keeps the configuration its containerd is started with.
 struct Location {
@@ -82,6 +83,12 @@ pub(crate) const DIRS: &[&str] = &[
 /// Most files one containerd configuration may consist of.
 const MAX_FILES: usize = 256;
 
+/// What loading one containerd configuration with all its imports may cost. containerd's
+/// files are a few KiB; the byte total keeps an import fan-out (every file importing
+/// every other) within the DaemonSet's memory limit: each file is read once (by device
+/// and inode) and the whole load is refused, naming the file, once the total is reached.
+const BUDGET: Budget = Budget { entries: 16384, files: MAX_FILES, bytes: 4 << 20, depth: 0 };
+
 /// The CRI runtime plugin of containerd 2.x (config version 3).
 const V3_RUNTIME: &str = "io.containerd.cri.v1.runtime";
 /// The CRI plugin of config version 2.
@@ -110,6 +117,8 @@ struct File {
     version: i64,
     /// The `plugins` table.
     plugins: toml::Table,
+    /// `imports`, as written.
+    imports: Vec<String>,
 }
 
 /// Every containerd configuration the node has, one per distribution location present.
@@ -208,66 +217,89 @@ fn same(a: &Handler, b: &Handler) -> bool {
 }
 
 /// Reads the main file and its imports in containerd's order, recording each path read.
+/// containerd loads each path once; a file reached again by another path (a symlink) is
+/// applied again, as containerd does, but not read again.
 fn load(files: &Files, loc: &Location, read: &mut Vec<String>) -> Result<Vec<File>> {
-    let mut pending: std::collections::VecDeque<(String, Option<String>)> =
-        std::collections::VecDeque::from([(loc.main.to_string(), None)]);
+    let mut walk = files.walk("containerd's configuration with its imports", BUDGET);
+    let mut pending: VecDeque<(String, Option<String>)> = VecDeque::from([(loc.main.to_string(), None)]);
+    let mut queued: HashSet<String> = HashSet::from([loc.main.to_string()]);
+    let mut first_of: HashMap<FileId, usize> = HashMap::new();
     let mut out: Vec<File> = Vec::new();
     while let Some((path, importer)) = pending.pop_front() {
-        if out.iter().any(|f| f.path == path) {
-            continue;
-        }
-        if out.len() >= MAX_FILES {
-            bail!("more than {MAX_FILES} files imported from {}", loc.main);
-        }
         read.push(path.clone());
         let by = || importer.as_ref().map(|i| format!(" (imported by {i})")).unwrap_or_default();
-        let text = match files.read(&path) {
-            Ok(Some(t)) => t,
+        let visit = match walk.read(&FilePath::node(&path), MAX_FILE) {
+            Ok(Some(v)) => v,
             Ok(None) => bail!("{path}{} does not exist: containerd fails to load its configuration", by()),
             Err(e) => bail!("{e:#}{}", by()),
         };
-        let table: toml::Table =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{path}{} is not valid TOML: {}", by(), e.message()))?;
-        let version = match table.get("version") {
-            None => 0,
-            Some(toml::Value::Integer(v)) => *v,
-            Some(v) => bail!("{path}: `version` is a {}, not an integer", v.type_str()),
-        };
-        let plugins = match table.get("plugins") {
-            None => toml::Table::new(),
-            Some(toml::Value::Table(t)) => t.clone(),
-            Some(v) => bail!("{path}: `plugins` is a {}, not a table", v.type_str()),
-        };
-        let mut imports: Vec<String> = match table.get("imports") {
-            None => Vec::new(),
-            Some(toml::Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_str().map(str::to_string))
-                .collect::<Option<Vec<String>>>()
-                .ok_or_else(|| anyhow::anyhow!("{path}: `imports` holds something other than strings"))?,
-            Some(v) => bail!("{path}: `imports` is a {}, not an array", v.type_str()),
-        };
-        if out.is_empty()
-            && let Some((dir, marker)) = loc.managed_drop_ins
-            && text.lines().any(|l| l.trim() == marker)
-        {
-            imports.push(format!("{dir}/*.toml"));
-        }
-        for i in imports {
-            for p in resolve_import(files, &path, &i)? {
-                pending.push_back((p, Some(path.clone())));
+        let mut file = match visit {
+            Visit::Again(id) => match first_of.get(&id).and_then(|i| out.get(*i)) {
+                Some(f) => File {
+                    path: path.clone(),
+                    version: f.version,
+                    plugins: f.plugins.clone(),
+                    imports: f.imports.clone(),
+                },
+                None => bail!("{path}{} is read twice", by()),
+            },
+            Visit::Read(id, bytes) => {
+                let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{path}{} is not UTF-8 text", by()))?;
+                let mut f = parse(&path, &text, &by)?;
+                if out.is_empty()
+                    && let Some((dir, marker)) = loc.managed_drop_ins
+                    && text.lines().any(|l| l.trim() == marker)
+                {
+                    f.imports.push(format!("{dir}/*.toml"));
+                }
+                first_of.insert(id, out.len());
+                f
             }
+        };
+        for i in std::mem::take(&mut file.imports) {
+            for p in resolve_import(&mut walk, files, &path, &i)? {
+                if queued.insert(p.clone()) {
+                    pending.push_back((p, Some(path.clone())));
+                }
+            }
+            file.imports.push(i);
         }
-        out.push(File { path, version, plugins });
+        out.push(file);
     }
     Ok(out)
+}
+
+/// One file's `version`, `plugins` and `imports`.
+fn parse(path: &str, text: &str, by: &dyn Fn() -> String) -> Result<File> {
+    let table: toml::Table =
+        toml::from_str(text).map_err(|e| anyhow::anyhow!("{path}{} is not valid TOML: {}", by(), e.message()))?;
+    let version = match table.get("version") {
+        None => 0,
+        Some(toml::Value::Integer(v)) => *v,
+        Some(v) => bail!("{path}: `version` is a {}, not an integer", v.type_str()),
+    };
+    let plugins = match table.get("plugins") {
+        None => toml::Table::new(),
+        Some(toml::Value::Table(t)) => t.clone(),
+        Some(v) => bail!("{path}: `plugins` is a {}, not a table", v.type_str()),
+    };
+    let imports: Vec<String> = match table.get("imports") {
+        None => Vec::new(),
+        Some(toml::Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(|| anyhow::anyhow!("{path}: `imports` holds something other than strings"))?,
+        Some(v) => bail!("{path}: `imports` is a {}, not an array", v.type_str()),
+    };
+    Ok(File { path: path.to_string(), version, plugins, imports })
 }
 
 /// One import of `parent` as containerd resolves it: cleaned, made absolute from the
 /// parent's directory, and, if it contains `*`, expanded as a glob (sorted; no match =
 /// nothing). containerd before 1.6.30/1.7.15 took a relative glob from its working
 /// directory instead (`/` as a service); kata-deploy writes absolute imports.
-fn resolve_import(files: &Files, parent: &str, import: &str) -> Result<Vec<String>> {
+fn resolve_import(walk: &mut Walk<'_>, files: &Files, parent: &str, import: &str) -> Result<Vec<String>> {
     let joined = if import.starts_with('/') {
         import.to_string()
     } else {
@@ -278,12 +310,12 @@ fn resolve_import(files: &Files, parent: &str, import: &str) -> Result<Vec<Strin
     if !path.contains('*') {
         return Ok(vec![path]);
     }
-    glob(files, &path)
+    glob(walk, files, &path)
 }
 
 /// Go's `filepath.Glob` of an absolute pattern beneath the root: each component with a
 /// meta character matched against the sorted entries of every directory matched so far.
-fn glob(files: &Files, pattern: &str) -> Result<Vec<String>> {
+fn glob(walk: &mut Walk<'_>, files: &Files, pattern: &str) -> Result<Vec<String>> {
     let opts = glob::MatchOptions {
         case_sensitive: true,
         require_literal_separator: true,
@@ -304,15 +336,15 @@ fn glob(files: &Files, pattern: &str) -> Result<Vec<String>> {
             match &pat {
                 None => {
                     let p = files::join(dir, part);
-                    if !last || files.kind(&p)?.is_some() || listed(files, dir, part)? {
+                    if !last || files.kind(&p)?.is_some() || listed(walk, dir, part)? {
                         next.push(p);
                     }
                 }
                 Some(pat) => {
-                    let Some(entries) = files.list(dir)? else { continue };
-                    for (name, _) in entries {
-                        if pat.matches_with(&name, opts) {
-                            next.push(files::join(dir, &name));
+                    let Some(entries) = walk.list(&FilePath::node(dir))? else { continue };
+                    for e in entries {
+                        if pat.matches_with(&e.name, opts) {
+                            next.push(files::join(dir, &e.name));
                         }
                     }
                 }
@@ -337,8 +369,8 @@ fn glob(files: &Files, pattern: &str) -> Result<Vec<String>> {
 
 /// Whether `dir` has an entry `name` (a dangling symlink too: Go's `Lstat` finds it, so
 /// `Glob` returns it).
-fn listed(files: &Files, dir: &str, name: &str) -> Result<bool> {
-    Ok(files.list(dir)?.is_some_and(|entries| entries.iter().any(|(n, _)| n == name)))
+fn listed(walk: &mut Walk<'_>, dir: &str, name: &str) -> Result<bool> {
+    Ok(walk.list(&FilePath::node(dir))?.is_some_and(|entries| entries.iter().any(|e| e.name == name)))
 }
 
 /// containerd 2.x's map merge (dario.cat/mergo with override): tables merge key by key,
@@ -452,8 +484,10 @@ fn reading_v2(files: &[File]) -> BTreeMap<String, Handler> {
     }
     // Provenance on the renamed plugin tables (a v1 file's `cri` counts as V2_CRI).
     let id = if from_v2 { V2_CRI } else { V3_RUNTIME };
-    let shadow: Vec<File> =
-        renamed.iter().map(|(f, p)| File { path: f.path.clone(), version: f.version, plugins: p.clone() }).collect();
+    let shadow: Vec<File> = renamed
+        .iter()
+        .map(|(f, p)| File { path: f.path.clone(), version: f.version, plugins: p.clone(), imports: Vec::new() })
+        .collect();
     let provenance: Vec<(&File, &str)> = shadow.iter().map(|f| (f, id)).collect();
     handlers(runtimes(&plugins, V3_RUNTIME), &provenance)
 }

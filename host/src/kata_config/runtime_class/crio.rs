@@ -1,15 +1,21 @@
 //! CRI-O's runtime handlers, read as CRI-O reads them (cri-o `pkg/config/config.go`,
 //! `UpdateFromFile` then `UpdateFromPath`): `/etc/crio/crio.conf`, then every file under
 //! `/etc/crio/crio.conf.d/` whatever its name (kata-deploy writes `99-kata-deploy`), walked
-//! as Go's `filepath.Walk` walks (lexical order, depth first; a symlink to a directory,
-//! which CRI-O fails to read, is walked into here). Each file is decoded over the previous result; a handler table
+//! as Go's `filepath.Walk` walks (lexical order, depth first, symlinks never descended).
+//! CRI-O reads every entry that is not a directory as a file, so a symlink to a directory
+//! (a loop `loop -> .` too) makes CRI-O fail to load its configuration: such a
+//! configuration is broken here, naming the entry. The walk is bounded (files, bytes,
+//! entries, depth), each file read once. Each file is decoded over the previous result; a handler table
 //! `[crio.runtime.runtimes.<handler>]` in a later file replaces the whole earlier entry
 //! (BurntSushi/toml decodes each map value afresh), so the later file wins.
 
+use std::collections::HashMap;
+
 use anyhow::Result;
 
-use super::files::{self, Files, Kind};
+use super::files::{Budget, Entry, FileId, Files, Kind, MAX_FILE, Visit};
 use super::{CriConfig, Handler};
+use crate::nodefs::FilePath;
 
 /// The runtime's name in messages.
 pub(crate) const RUNTIME: &str = "CRI-O";
@@ -19,10 +25,10 @@ const MAIN: &str = "/etc/crio/crio.conf";
 const DROP_IN_DIR: &str = "/etc/crio/crio.conf.d";
 /// Directories to watch for changes of CRI-O's handlers.
 pub(crate) const DIRS: &[&str] = &["/etc/crio", DROP_IN_DIR];
-/// Most files read from the drop-in directory.
-const MAX_FILES: usize = 256;
-/// Deepest directory level walked below the drop-in directory.
-const MAX_DEPTH: usize = 8;
+/// What reading CRI-O's configuration may cost: its files are a few KiB (kata-deploy
+/// writes one drop-in), so these are far above any real node and far below what would
+/// hurt the DaemonSet's memory limit.
+const BUDGET: Budget = Budget { entries: 4096, files: 256, bytes: 8 << 20, depth: 8 };
 
 /// The OCI runtimes CRI-O defines without any configuration (`default_runtime`).
 pub(crate) fn is_builtin(handler: &str) -> bool {
@@ -36,22 +42,6 @@ pub(crate) fn is_kata(handler: &str, h: &Handler) -> bool {
     let binary = h.runtime_path.as_deref().filter(|p| !p.is_empty()).unwrap_or(handler);
     let name = binary.rsplit('/').next().unwrap_or(binary);
     h.runtime_type.as_deref() == Some("vm") && name.starts_with("containerd-shim-kata")
-}
-
-/// Every file CRI-O reads under `dir` (node path), in its order.
-fn walk(files: &Files, dir: &str, depth: usize, out: &mut Vec<String>) -> Result<()> {
-    let Some(entries) = files.list(dir)? else { return Ok(()) };
-    for (name, is_dir) in entries {
-        let path = files::join(dir, &name);
-        if is_dir {
-            if depth < MAX_DEPTH {
-                walk(files, &path, depth + 1, out)?;
-            }
-        } else if out.len() < MAX_FILES {
-            out.push(path);
-        }
-    }
-    Ok(())
 }
 
 /// An optional string setting of a handler table; an error if it is not a string.
@@ -87,25 +77,51 @@ fn apply(c: &mut CriConfig, path: &str, table: &toml::Table) -> Result<(), Strin
 
 /// CRI-O's configuration on the node; `None` when it has neither file nor directory.
 pub(crate) fn read(files: &Files) -> Result<Option<CriConfig>> {
-    let mut paths = Vec::new();
-    if files.kind(MAIN)?.is_some() {
-        paths.push(MAIN.to_string());
-    }
-    let has_dir = files.kind(DROP_IN_DIR)? == Some(Kind::Dir);
-    walk(files, DROP_IN_DIR, 0, &mut paths)?;
-    if paths.is_empty() && !has_dir {
+    let mut walk = files.walk("CRI-O's configuration", BUDGET);
+    let mut c = CriConfig { runtime: RUNTIME.to_string(), ..Default::default() };
+    let main = files.kind(MAIN)?.map(|kind| Entry {
+        name: "crio.conf".to_string(),
+        path: FilePath::node(MAIN),
+        kind: Some(kind),
+        link: false,
+    });
+    let drop_ins = match walk.tree(&FilePath::node(DROP_IN_DIR)) {
+        Ok(t) => t,
+        Err(e) => {
+            c.files.extend(main.map(|m| m.path.to_string()));
+            c.broken = Some(format!("{e:#}"));
+            return Ok(Some(c));
+        }
+    };
+    if main.is_none() && drop_ins.is_none() {
         return Ok(None);
     }
-    let mut c = CriConfig { runtime: RUNTIME.to_string(), ..Default::default() };
-    for p in paths {
+    let mut tables: HashMap<FileId, toml::Table> = HashMap::new();
+    for e in main.into_iter().chain(drop_ins.unwrap_or_default()) {
+        let p = e.path.to_string();
         c.files.push(p.clone());
-        let problem = match files.read(&p) {
-            Ok(Some(text)) => match toml::from_str::<toml::Table>(&text) {
-                Ok(t) => apply(&mut c, &p, &t).err(),
-                Err(e) => Some(format!("{p} is not valid TOML: {}", e.message())),
-            },
-            Ok(None) => Some(format!("{p} cannot be read (a dangling symlink)")),
-            Err(e) => Some(format!("{e:#}")),
+        let problem = if e.link && e.kind == Some(Kind::Dir) {
+            Some(format!(
+                "{p} is a symlink to a directory: CRI-O reads every entry of {DROP_IN_DIR} that is not a directory \
+                 as a file (Go's filepath.Walk does not follow symlinks) and fails to load its configuration"
+            ))
+        } else {
+            match walk.read(&e.path, MAX_FILE) {
+                Ok(Some(Visit::Read(id, bytes))) => match String::from_utf8(bytes) {
+                    Ok(text) => match toml::from_str::<toml::Table>(&text) {
+                        Ok(t) => {
+                            let r = apply(&mut c, &p, &t).err();
+                            tables.insert(id, t);
+                            r
+                        }
+                        Err(e) => Some(format!("{p} is not valid TOML: {}", e.message())),
+                    },
+                    Err(_) => Some(format!("{p} is not UTF-8 text")),
+                },
+                Ok(Some(Visit::Again(id))) => tables.get(&id).and_then(|t| apply(&mut c, &p, t).err()),
+                Ok(None) => Some(format!("{p} cannot be read (a dangling symlink)")),
+                Err(e) => Some(format!("{e:#}")),
+            }
         };
         if let Some(why) = problem {
             c.broken = Some(why);

@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::node::Root;
 use crate::nodefs::{FilePath, NodeFs};
 
-pub(crate) use crate::nodefs::Kind;
+pub(crate) use crate::nodefs::{Budget, Entry, FileId, Kind, Visit, Walk};
 
 /// Largest CRI configuration file read (containerd's and CRI-O's are a few KiB).
 pub(crate) const MAX_FILE: u64 = 1 << 20;
@@ -29,21 +29,9 @@ impl Files {
         self.fs.kind(&FilePath::node(node_path))
     }
 
-    /// The text of a regular node file, `None` when nothing is there; an error for a file
-    /// that is not regular, larger than [`MAX_FILE`] or not UTF-8.
-    pub(crate) fn read(&self, node_path: &str) -> Result<Option<String>> {
-        self.fs.read_string(&FilePath::node(node_path), MAX_FILE)
-    }
-
-    /// The entry names of a node directory, sorted by bytes as Go's `os.ReadDir` sorts them,
-    /// each with whether it is a directory (symlinks followed); `None` when the directory
-    /// is not there. A dangling symlink is listed as a file (reading it fails, as it does
-    /// for the runtime).
-    pub(crate) fn list(&self, node_path: &str) -> Result<Option<Vec<(String, bool)>>> {
-        Ok(self
-            .fs
-            .list(&FilePath::node(node_path))?
-            .map(|entries| entries.into_iter().map(|e| (e.name, e.kind == Some(Kind::Dir))).collect()))
+    /// A bounded walk of the node's CRI configuration files (`what` names it in errors).
+    pub(crate) fn walk(&self, what: &'static str, budget: Budget) -> Walk<'_> {
+        self.fs.walk(what, budget)
     }
 }
 
