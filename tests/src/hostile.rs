@@ -479,3 +479,138 @@ pub fn symlink_storm() -> Case {
     c.paths = vec![format!("/{deep}/vmlinuz")];
     c
 }
+
+// ---- hostile node configuration and ConfigMaps ------------------------------------------
+
+/// The kata-deploy shim the node-configuration cases target, and its handler.
+pub const NODE_SHIM: (&str, &str) = ("qemu-snp", "kata-qemu-snp");
+
+/// Writes `text` at a node path beneath `root`, creating its directories.
+fn write_node(root: &Path, node_path: &str, text: &str) {
+    let p = root.join(node_path.trim_start_matches('/'));
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&p, text).expect("write node file");
+}
+
+/// Five links `loopN -> .` in `/etc/crio/crio.conf.d` beneath `root` (CRI-O reads each as
+/// a file and fails; a walk that follows them grows as 5^depth).
+pub fn crio_loops(root: &Path) {
+    let dir = root.join("etc/crio/crio.conf.d");
+    std::fs::create_dir_all(&dir).expect("mkdir crio.conf.d");
+    for i in 0..5 {
+        std::os::unix::fs::symlink(".", dir.join(format!("loop{i}"))).expect("loop link");
+    }
+}
+
+/// containerd's main file beneath `root` importing `files` files of about `size` bytes
+/// each (in `/etc/containerd/conf.d`), every one importing all the others.
+pub fn containerd_fan_out(root: &Path, files: usize, size: usize) {
+    let paths: Vec<String> = (0..files).map(|i| format!("/etc/containerd/conf.d/f{i:03}.toml")).collect();
+    let imports = serde_json::to_string(&paths).expect("json");
+    write_node(root, "/etc/containerd/config.toml", &format!("version = 3\nimports = {imports}\n"));
+    let pad = "x".repeat(size.saturating_sub(imports.len() + 64));
+    for p in &paths {
+        write_node(root, p, &format!("version = 3\nimports = {imports}\npad = \"{pad}\"\n"));
+    }
+}
+
+/// A YAML ConfigMap (bare map) whose `addonImage` is `levels` nested flow sequences.
+pub fn nested_configmap(levels: usize) -> String {
+    format!("addonImage: {}{}\nkernelPath: /boot/vmlinuz\n", "[".repeat(levels), "]".repeat(levels))
+}
+
+/// One node-configuration case of `bench/hostile`: a command run on files written under
+/// the case's directory, and how it must end.
+pub struct NodeCase {
+    /// Short id.
+    pub id: &'static str,
+    /// What it is.
+    pub what: &'static str,
+    /// The `kata-addons` arguments.
+    pub args: Vec<String>,
+    /// Expected exit code.
+    pub code: i32,
+    /// Expected in stderr.
+    pub needle: &'static str,
+}
+
+/// Writes the node-configuration cases under `dir` (a node root with kata-deploy's SNP
+/// shim for CRI-O, an addon layout, ConfigMaps) and returns them.
+pub fn node_catalogue(dir: &Path) -> Vec<NodeCase> {
+    let (shim, handler) = NODE_SHIM;
+    let layout = dir.join("addon");
+    let mut top = LayerBuilder::new();
+    top.file("boot/vmlinuz", &[7u8; 60_000]);
+    Image::new(vec![base_layer(), top.build(Compress::Gzip)]).write_layout(&layout, "v1");
+    let image = format!("oci:{}:v1", layout.display());
+    let node = |name: &str| -> String {
+        let root = dir.join(name);
+        let defaults = "/opt/kata/share/defaults/kata-containers";
+        write_node(
+            &root,
+            &format!("{defaults}/runtimes/{shim}/configuration-{shim}.toml"),
+            &crate::cri::shim_config(shim),
+        );
+        std::fs::create_dir_all(root.join(format!("{}/runtimes/{shim}/config.d", &defaults[1..]))).expect("config.d");
+        write_node(
+            &root,
+            "/etc/crio/crio.conf.d/99-kata-deploy",
+            &format!(
+                "[crio.runtime.runtimes.{handler}]\nruntime_path = \"/opt/kata/bin/containerd-shim-kata-v2\"\n\
+                 runtime_type = \"vm\"\nruntime_config_path = \"{defaults}/runtimes/{shim}/configuration-{shim}.toml\"\n"
+            ),
+        );
+        root.display().to_string()
+    };
+    let cm = |name: &str, extra: &str| -> String {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("addonImage: \"{image}\"\nprovider: snp\nkernelPath: /boot/vmlinuz\n{extra}"))
+            .expect("write ConfigMap");
+        p.display().to_string()
+    };
+    let mut out = Vec::new();
+    for (id, what, levels) in [
+        ("yaml-20000", "ConfigMap `addonImage: [[[…]]]` nested 20,000 levels (40 KB), `preview`", 20_000),
+        ("yaml-520000", "ConfigMap `addonImage: [[[…]]]` nested 520,000 levels (1,040,013 bytes), `preview`", 520_000),
+    ] {
+        let p = dir.join(format!("{id}.yaml"));
+        std::fs::write(&p, nested_configmap(levels)).expect("write ConfigMap");
+        out.push(NodeCase {
+            id,
+            what,
+            args: vec!["preview".into(), "--configmap".into(), p.display().to_string()],
+            code: 2,
+            needle: "nested more than 64 deep",
+        });
+    }
+    let rc = cm("rc.yaml", &format!("runtimeClass: {handler}\n"));
+    let root = node("fan-out");
+    containerd_fan_out(Path::new(&root), 255, 1_000_000);
+    out.push(NodeCase {
+        id: "import-fan-out",
+        what: "containerd: 255 files of ~1 MB each importing all the others, `install` with `runtimeClass`",
+        args: vec!["install".into(), "--configmap".into(), rc.clone(), "--root".into(), root],
+        code: 1,
+        needle: "the most kata-addons reads",
+    });
+    let root = node("crio-loops");
+    crio_loops(Path::new(&root));
+    out.push(NodeCase {
+        id: "crio-loops",
+        what: "five links `loopN -> .` in /etc/crio/crio.conf.d, `install` with `runtimeClass`",
+        args: vec!["install".into(), "--configmap".into(), rc, "--root".into(), root],
+        code: 1,
+        needle: "is a symlink to a directory",
+    });
+    let handlers: Vec<String> = (0..20_000).map(|i| format!("kata-{i}")).collect();
+    let many = cm("handlers.yaml", &format!("runtimeClass: \"{}\"\n", handlers.join(",")));
+    let root = node("handlers");
+    out.push(NodeCase {
+        id: "handlers-20000",
+        what: "`runtimeClass` with 20,000 handlers, `install`",
+        args: vec!["install".into(), "--configmap".into(), many, "--root".into(), root],
+        code: 2,
+        needle: "at most 64",
+    });
+    out
+}

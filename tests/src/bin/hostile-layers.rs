@@ -3,9 +3,13 @@
 //! each case's id, description, image reference, wanted paths, extra arguments, expected
 //! outcome and largest layer size.
 //!
+//! It also writes the node-configuration cases (`node_catalogue`: nested ConfigMaps, an
+//! import fan-out, CRI-O symlink loops, 20,000 handlers) under DIR/node, listed with the
+//! `kata-addons` arguments (`argv`) and the expected exit code.
+//!
 //!   hostile-layers DIR [ID...]
 
-use kata_addons_tests::hostile::{Expect, catalogue};
+use kata_addons_tests::hostile::{Expect, catalogue, node_catalogue};
 use serde_json::json;
 
 fn main() {
@@ -33,6 +37,26 @@ fn main() {
         }));
         eprintln!("wrote {} ({} layers, largest {} bytes)", c.id, c.layers.len(), c.largest_layer());
     }
+    // Node configuration and ConfigMaps: a command on files written under DIR/node.
+    let node_dir = dir.join("node");
+    if only.is_empty() || node_catalogue_ids().iter().any(|id| only.iter().any(|o| o == id)) {
+        std::fs::create_dir_all(&node_dir).expect("create the node case directory");
+        for c in node_catalogue(&node_dir) {
+            if !only.is_empty() && !only.iter().any(|o| o == c.id) {
+                continue;
+            }
+            list.push(json!({
+                "id": c.id, "what": c.what, "argv": c.args, "expect": "refused", "code": c.code,
+                "needle": c.needle, "largest_layer": 0, "layers": 0,
+            }));
+            eprintln!("wrote {}", c.id);
+        }
+    }
     let text = serde_json::to_string_pretty(&list).expect("json");
     std::fs::write(dir.join("cases.json"), text).expect("write cases.json");
+}
+
+/// The ids [`node_catalogue`] writes (so `--only` can skip writing them).
+fn node_catalogue_ids() -> [&'static str; 5] {
+    ["yaml-20000", "yaml-520000", "import-fan-out", "crio-loops", "handlers-20000"]
 }
