@@ -105,7 +105,9 @@ impl NodeFs {
 
     /// The root-relative path a node path resolves to (symlinks followed inside the root).
     fn resolve(&self, node_path: &str) -> Result<PathBuf> {
-        self.root.resolve(node_path).with_context(|| format!("resolving {node_path} on the node"))
+        let rel = self.root.resolve(node_path).with_context(|| format!("resolving {node_path} on the node"))?;
+        // The root itself: cap-std names it `.`, not the empty path.
+        Ok(if rel.as_os_str().is_empty() { PathBuf::from(".") } else { rel })
     }
 
     /// What `path` is (`None` when absent).

@@ -15,7 +15,7 @@ use std::mem::MaybeUninit;
 use anyhow::{Result, bail};
 use kata_addons_facts::show;
 use serde::de::DeserializeOwned;
-use unsafe_libyaml_norway as sys;
+use unsafe_libyaml_norway as unsafe_yaml;
 
 /// Deepest nesting of collections accepted (a ConfigMap is 2 deep, its `managedFields`
 /// about 8; registries.d files 3). serde_norway's own recursion limit is 128.
@@ -38,23 +38,23 @@ struct Frame {
 }
 
 /// The libyaml parser, deleted when dropped.
-struct Parser(Box<MaybeUninit<sys::yaml_parser_t>>);
+struct Parser(Box<MaybeUninit<unsafe_yaml::yaml_parser_t>>);
 
 impl Drop for Parser {
     fn drop(&mut self) {
         // SAFETY: the parser was initialised by `yaml_parser_initialize` (`Parser` exists
         // only then) and is deleted once, here.
-        unsafe { sys::yaml_parser_delete(self.0.as_mut_ptr()) }
+        unsafe { unsafe_yaml::yaml_parser_delete(self.0.as_mut_ptr()) }
     }
 }
 
 /// Refuses a document with a collection nested deeper than [`MAX_DEPTH`], naming where
 /// (the keys leading to it, line and column). A syntax error is left for the parse to report.
 pub(crate) fn check_depth(text: &str) -> Result<()> {
-    let mut raw = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
+    let mut raw = Box::new(MaybeUninit::<unsafe_yaml::yaml_parser_t>::uninit());
     // SAFETY: `raw` is a writable allocation of the parser type; initialising it is what
     // `yaml_parser_initialize` is for.
-    if unsafe { sys::yaml_parser_initialize(raw.as_mut_ptr()) }.fail {
+    if unsafe { unsafe_yaml::yaml_parser_initialize(raw.as_mut_ptr()) }.fail {
         bail!("the YAML parser could not be set up");
     }
     let mut parser = Parser(raw);
@@ -62,22 +62,22 @@ pub(crate) fn check_depth(text: &str) -> Result<()> {
     // SAFETY: `p` is an initialised parser; `text` outlives it (it is dropped at the end of
     // this function, before `text` can go), and libyaml only reads the input.
     unsafe {
-        sys::yaml_parser_set_encoding(p, sys::YAML_UTF8_ENCODING);
-        sys::yaml_parser_set_input_string(p, text.as_ptr(), text.len() as u64);
+        unsafe_yaml::yaml_parser_set_encoding(p, unsafe_yaml::YAML_UTF8_ENCODING);
+        unsafe_yaml::yaml_parser_set_input_string(p, text.as_ptr(), text.len() as u64);
     }
     let mut frames: Vec<Frame> = Vec::new();
     loop {
-        let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
+        let mut event = MaybeUninit::<unsafe_yaml::yaml_event_t>::uninit();
         // SAFETY: `p` is an initialised parser, `event` a writable event that
         // `yaml_parser_parse` fills in when it succeeds.
-        if unsafe { sys::yaml_parser_parse(p, event.as_mut_ptr()) }.fail {
+        if unsafe { unsafe_yaml::yaml_parser_parse(p, event.as_mut_ptr()) }.fail {
             return Ok(()); // a syntax error: serde_norway reports it, with its position
         }
         // SAFETY: the parse succeeded, so the event is initialised.
         let ev = unsafe { event.assume_init_mut() };
         let kind = ev.type_;
         let at = (ev.start_mark.line + 1, ev.start_mark.column + 1);
-        let scalar = (kind == sys::YAML_SCALAR_EVENT).then(|| {
+        let scalar = (kind == unsafe_yaml::YAML_SCALAR_EVENT).then(|| {
             // SAFETY: a scalar event's `data.scalar` holds `length` bytes at `value`.
             unsafe {
                 let s = ev.data.scalar;
@@ -85,9 +85,9 @@ pub(crate) fn check_depth(text: &str) -> Result<()> {
             }
         });
         // SAFETY: an event filled in by `yaml_parser_parse`, deleted once.
-        unsafe { sys::yaml_event_delete(ev) };
-        let opens = kind == sys::YAML_SEQUENCE_START_EVENT || kind == sys::YAML_MAPPING_START_EVENT;
-        let node = opens || kind == sys::YAML_SCALAR_EVENT || kind == sys::YAML_ALIAS_EVENT;
+        unsafe { unsafe_yaml::yaml_event_delete(ev) };
+        let opens = kind == unsafe_yaml::YAML_SEQUENCE_START_EVENT || kind == unsafe_yaml::YAML_MAPPING_START_EVENT;
+        let node = opens || kind == unsafe_yaml::YAML_SCALAR_EVENT || kind == unsafe_yaml::YAML_ALIAS_EVENT;
         if node && let Some(f) = frames.last_mut() {
             if f.mapping && f.items.is_multiple_of(2) {
                 f.key = Some(scalar.clone().unwrap_or_else(|| "(a complex key)".to_string()));
@@ -105,10 +105,10 @@ pub(crate) fn check_depth(text: &str) -> Result<()> {
                     at.1
                 );
             }
-            frames.push(Frame { mapping: kind == sys::YAML_MAPPING_START_EVENT, items: 0, key: None });
-        } else if kind == sys::YAML_SEQUENCE_END_EVENT || kind == sys::YAML_MAPPING_END_EVENT {
+            frames.push(Frame { mapping: kind == unsafe_yaml::YAML_MAPPING_START_EVENT, items: 0, key: None });
+        } else if kind == unsafe_yaml::YAML_SEQUENCE_END_EVENT || kind == unsafe_yaml::YAML_MAPPING_END_EVENT {
             frames.pop();
-        } else if kind == sys::YAML_STREAM_END_EVENT {
+        } else if kind == unsafe_yaml::YAML_STREAM_END_EVENT {
             return Ok(());
         }
     }

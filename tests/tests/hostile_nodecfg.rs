@@ -2,7 +2,7 @@
 //! CRI-O's drop-in directory, a containerd import fan-out, a ConfigMap nested 520,000
 //! levels deep, 20,000 RuntimeClass handlers, a mounted ConfigMap key leading out of the
 //! mount, and bidirectional-override characters in an error. Each refusal exits 1 or 2
-//! as the contract says, names the file or key, takes well under 10 s (a generous failure
+//! as the contract says, names the file or key, takes well under 10 s of CPU in a release build (a generous failure
 //! detector, not a timing assertion), at most 128 MiB of peak RSS (the DaemonSet's limit,
 //! measured through `/proc` and `/usr/bin/time`), never panics or aborts, and leaves the
 //! node as it was; the daemon survives each as a ConfigMap change and as a node edit.
@@ -18,8 +18,11 @@ use kata_addons_tests::kata_addons_bin;
 use kata_addons_tests::measure::{Measured, run_measured};
 use kata_addons_tests::node::{Node, content_snapshot, layout_with, noise};
 
-/// A refusal that takes longer than this is a hang (a failure detector).
-const TIME_BOUND: Duration = Duration::from_secs(10);
+/// A refusal that costs more CPU than this is a hang (a failure detector; an unoptimised
+/// binary compiles the policy in a fresh HOME for up to ~5 s of it).
+const CPU_BOUND: Duration = Duration::from_secs(30);
+/// Wall time bound (the machine running the tests may be loaded: a failure detector only).
+const TIME_BOUND: Duration = Duration::from_secs(120);
 /// The DaemonSet's memory limit.
 const RSS_LIMIT_MIB: f64 = 128.0;
 /// A run still going after this is killed (and fails its assertions).
@@ -92,6 +95,7 @@ fn bounded(m: &Measured, what: &str) {
     assert!(m.signal.is_none(), "{what}: killed or aborted\n{}", m.summary());
     assert!(!m.stderr.contains("panicked"), "{what}: panicked\n{}", m.summary());
     assert!(m.wall < TIME_BOUND, "{what}: not done within {TIME_BOUND:?}\n{}", m.summary());
+    assert!(m.cpu < CPU_BOUND, "{what}: more than {CPU_BOUND:?} of CPU\n{}", m.summary());
     assert!(m.peak_rss_mib() <= RSS_LIMIT_MIB, "{what}: peak RSS over {RSS_LIMIT_MIB} MiB\n{}", m.summary());
 }
 
