@@ -750,8 +750,8 @@ fn upstream_overlay_selects_kata_deploy_nodes_and_its_layout() {
     let args = argv(runner(ds));
     assert_eq!(flag_value(&args, "--kata-prefix"), Some("/opt/kata"), "{args:?}");
     let cli = check_cli("upstream install", &args);
-    let Command::Daemon { layout, .. } = &cli.command else { panic!("daemon") };
-    assert_eq!(layout.kata_prefix, "/opt/kata");
+    let Command::Daemon(daemon) = &cli.command else { panic!("daemon") };
+    assert_eq!(daemon.layout.kata_prefix, "/opt/kata");
     // The namespace (absent upstream) admits privileged pods.
     assert_eq!(m.namespaces.len(), 1);
     let ns = &m.namespaces[0];
@@ -867,8 +867,8 @@ fn every_flag_and_env_var_exists_in_the_cli() {
         let what = format!("{kname} container");
         let c = runner(ds);
         let cli = check_cli(&what, &argv(c));
-        let Command::Daemon { node, .. } = &cli.command else { panic!("{what}: not `daemon`") };
-        assert_eq!(node.root, Path::new("/host"));
+        let Command::Daemon(daemon) = &cli.command else { panic!("{what}: not `daemon`") };
+        assert_eq!(daemon.node.root, Path::new("/host"));
         check_env_names(&what, c);
         // ADDON_ACTION feeds `daemon --action`: its value must be one of the actions.
         if let Some(action) = env_map(c).get("ADDON_ACTION") {
@@ -988,8 +988,10 @@ fn containerfile_default_command_parses() {
     assert_eq!(argv, ["kata-addons"]);
     argv.extend(exec_form("CMD"));
     let cli = check_cli("Containerfile CMD", &argv);
-    assert!(matches!(cli.command, Command::Daemon { .. }));
+    assert!(matches!(cli.command, Command::Daemon(_)));
     assert!(text.contains("wasm32-wasip2") && text.contains("-p kata-addons"));
+    // The man pages generated from the command line (host/tests/man_pages.rs) are in the image.
+    assert!(text.contains("COPY docs/man/ /usr/share/man/man1/"), "the image carries docs/man");
 }
 
 /// Every YAML file under `dir`, except the MachineConfig tree (no kustomization:

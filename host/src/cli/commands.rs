@@ -2,13 +2,13 @@
 //! modules and prints what they did.
 
 use std::collections::HashSet;
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use cap_std::fs::Dir;
 
-use super::options::DaemonFlags;
 use super::{Cli, Command, PolicyCommand, StatusFormat};
 use crate::configmap::Input;
 use crate::fetch::{self, PullOptions, Wanted};
@@ -35,6 +35,13 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             };
             std::fs::write(&file, &bytes).with_context(|| format!("writing {}", file.display()))?;
             eprintln!("wrote {} ({} bytes)", file.display(), bytes.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "kata-addons", &mut script);
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(&script).and_then(|()| stdout.flush()).context("writing the completion script")?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Fetch { image, paths, dest, registry, root } => {
@@ -91,37 +98,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             runtime()?.block_on(webhook::serve(&options, policy))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Daemon {
-            action,
-            config,
-            registry,
-            node,
-            ready_file,
-            poll_interval,
-            start_jitter,
-            layout,
-            resync,
-            watch,
-            verify_interval,
-            failure_backoff,
-            failure_backoff_max,
-        } => {
-            let options = DaemonFlags {
-                action,
-                config: &config,
-                registry: &registry,
-                node: &node,
-                layout: &layout,
-                ready_file: &ready_file,
-                poll_interval,
-                start_jitter,
-                resync,
-                watch,
-                verify_interval,
-                failure_backoff,
-                failure_backoff_max,
-            }
-            .options()?;
+        Command::Daemon(args) => {
+            let options = args.options()?;
             let policy = g.load_policy()?;
             let rt = runtime()?;
             let result = rt.block_on(daemon::Daemon::new(options).run(&policy));

@@ -263,53 +263,7 @@ pub enum Command {
     /// (exit 1 when a value could not be computed, 3 when nothing is installed).
     ReferenceValues(ReferenceValuesArgs),
     /// DaemonSet entry point: do the action, report readiness, wait for SIGTERM.
-    Daemon {
-        /// What to do on this node.
-        #[arg(long, value_enum, env = "ADDON_ACTION", default_value_t = Action::Install)]
-        action: Action,
-        /// Configuration source.
-        #[command(flatten)]
-        config: ConfigArgs,
-        /// Registry access.
-        #[command(flatten)]
-        registry: RegistryArgs,
-        /// Node location.
-        #[command(flatten)]
-        node: NodeArgs,
-        /// File created once the action succeeded (readiness marker).
-        #[arg(long, value_name = "FILE", default_value = "/tmp/kata-addons-ready")]
-        ready_file: PathBuf,
-        /// How often to check a `--configmap-dir` for changes, in seconds.
-        #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
-        poll_interval: f64,
-        /// Runtime configuration selection.
-        #[command(flatten)]
-        layout: LayoutArgs,
-        /// Re-verify and repair the node this often, in seconds (with jitter; 0 = never).
-        #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
-        resync: f64,
-        /// Wait a random time up to this many seconds before the first install, so that a
-        /// rollout does not reach the registry from every node in one instant (0: no wait).
-        #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
-        start_jitter: f64,
-        /// How changes of the runtime configuration directories are noticed between resyncs:
-        /// inotify (polling where inotify is unavailable), poll (every --poll-interval), or
-        /// none (only the periodic --resync).
-        #[arg(long, value_enum, value_name = "HOW", default_value_t = Watch::Inotify)]
-        watch: Watch,
-        /// Hash every installed file again this often, in seconds; the checks between
-        /// compare size, inode, mtime and ctime, and hash only a file whose metadata changed.
-        #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
-        verify_interval: f64,
-        /// After a failed attempt (a ConfigMap change that cannot be applied, a repair that
-        /// fails or is undone again), wait this long before the next, doubling per failure
-        /// (less up to 25 % jitter)…
-        #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
-        failure_backoff: f64,
-        /// …up to this; another input, another image digest or a success starts over.
-        #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
-        failure_backoff_max: f64,
-    },
+    Daemon(DaemonArgs),
     /// Validating admission webhook for the ConfigMap `kata-addon-artifacts` (HTTPS).
     Webhook(WebhookArgs),
     /// Policy component tools.
@@ -317,6 +271,21 @@ pub enum Command {
         /// Policy subcommand.
         #[command(subcommand)]
         command: PolicyCommand,
+    },
+    /// Print the completion script for SHELL on stdout.
+    ///
+    /// bash: kata-addons completions bash > /usr/share/bash-completion/completions/kata-addons
+    ///
+    /// zsh: kata-addons completions zsh > "${fpath[1]}/_kata-addons"
+    ///
+    /// fish: kata-addons completions fish > ~/.config/fish/completions/kata-addons.fish
+    ///
+    /// Every command has a man page (kata-addons(1), kata-addons-install(1), ...), in docs/man
+    /// of the source tree and in the runner image.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum, value_name = "SHELL")]
+        shell: clap_complete::Shell,
     },
 }
 
@@ -407,6 +376,56 @@ pub enum Watch {
     Poll,
     /// No change notification: drift is found by the periodic `--resync` only.
     None,
+}
+
+/// `kata-addons daemon` options (the DaemonSet's arguments; host/deploy/base/daemonset.yaml).
+#[derive(Debug, Clone, Args)]
+pub struct DaemonArgs {
+    /// What to do on this node.
+    #[arg(long, value_enum, env = "ADDON_ACTION", default_value_t = Action::Install)]
+    pub action: Action,
+    /// Configuration source.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Registry access.
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Node location.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// File created once the action succeeded (readiness marker).
+    #[arg(long, value_name = "FILE", default_value = "/tmp/kata-addons-ready")]
+    pub ready_file: PathBuf,
+    /// How often to check a `--configmap-dir` for changes, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub poll_interval: f64,
+    /// Runtime configuration selection.
+    #[command(flatten)]
+    pub layout: LayoutArgs,
+    /// Re-verify and repair the node this often, in seconds (with jitter; 0 = never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub resync: f64,
+    /// Wait a random time up to this many seconds before the first install, so that a
+    /// rollout does not reach the registry from every node in one instant (0: no wait).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub start_jitter: f64,
+    /// How changes of the runtime configuration directories are noticed between resyncs:
+    /// inotify (polling where inotify is unavailable), poll (every --poll-interval), or
+    /// none (only the periodic --resync).
+    #[arg(long, value_enum, value_name = "HOW", default_value_t = Watch::Inotify)]
+    pub watch: Watch,
+    /// Hash every installed file again this often, in seconds; the checks between
+    /// compare size, inode, mtime and ctime, and hash only a file whose metadata changed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+    pub verify_interval: f64,
+    /// After a failed attempt (a ConfigMap change that cannot be applied, a repair that
+    /// fails or is undone again), wait this long before the next, doubling per failure
+    /// (less up to 25 % jitter)…
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub failure_backoff: f64,
+    /// …up to this; another input, another image digest or a success starts over.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub failure_backoff_max: f64,
 }
 
 /// `kata-addons webhook` options (docs/design.md#webhook, docs/webhook.md).

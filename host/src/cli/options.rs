@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::{
-    Action, ConfigArgs, GlobalArgs, LayoutArgs, LimitArgs, LogFormat, NodeArgs, PreviewFormat, RegistryArgs, Watch,
-    WebhookArgs,
+    Action, ConfigArgs, DaemonArgs, GlobalArgs, LayoutArgs, LimitArgs, LogFormat, NodeArgs, PreviewFormat,
+    RegistryArgs, Watch, WebhookArgs,
 };
 use crate::error::{invalid, usage};
 use crate::extract::Limits;
@@ -231,25 +231,8 @@ impl WebhookArgs {
     }
 }
 
-/// The daemon's flags, checked.
-pub(super) struct DaemonFlags<'a> {
-    pub action: Action,
-    pub config: &'a ConfigArgs,
-    pub registry: &'a RegistryArgs,
-    pub node: &'a NodeArgs,
-    pub layout: &'a LayoutArgs,
-    pub ready_file: &'a Path,
-    pub poll_interval: f64,
-    pub start_jitter: f64,
-    pub resync: f64,
-    pub watch: Watch,
-    pub verify_interval: f64,
-    pub failure_backoff: f64,
-    pub failure_backoff_max: f64,
-}
-
-impl DaemonFlags<'_> {
-    /// The daemon's options.
+impl DaemonArgs {
+    /// The daemon's options, every value checked against its range.
     pub(super) fn options(&self) -> Result<daemon::DaemonOptions> {
         if !(self.poll_interval.is_finite() && self.poll_interval >= 0.1) {
             return Err(usage("--poll-interval must be at least 0.1 seconds"));
@@ -276,7 +259,7 @@ impl DaemonFlags<'_> {
                 Action::Install => self.layout.selection(),
                 Action::Uninstall => self.layout.checked_selection()?,
             },
-            ready_file: self.ready_file.to_path_buf(),
+            ready_file: self.ready_file.clone(),
             poll_interval: Duration::from_secs_f64(self.poll_interval),
             start_jitter,
             resync: (self.resync > 0.0).then(|| Duration::from_secs_f64(self.resync)),
