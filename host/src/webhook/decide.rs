@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use tokio::sync::Semaphore;
 
-use super::review::{ConfigMapIn, ObjectHead, RequestIn, ResponseOut};
+use super::review::{ConfigMapIn, ObjectHead, RequestIn, ResponseOut, StatusOut};
 use super::warnings::{preview_warnings, warning};
 use crate::configmap::{self, Input};
 use crate::policy::{KeyValue, Policy, PolicyError, Violation, ViolationCode};
@@ -25,7 +24,7 @@ pub(crate) enum Decision {
     /// Denied: HTTP-style code, reason, message.
     Deny {
         /// 422 for an invalid ConfigMap, 500 when the policy failed.
-        code: i32,
+        code: u16,
         /// `Invalid` or `InternalError`.
         reason: &'static str,
         /// Every problem, one per line.
@@ -41,13 +40,7 @@ impl Decision {
             Decision::Deny { code, reason, message } => ResponseOut {
                 uid,
                 allowed: false,
-                status: Some(Status {
-                    code: Some(code),
-                    message: Some(message),
-                    reason: Some(reason.to_string()),
-                    status: Some("Failure".to_string()),
-                    ..Status::default()
-                }),
+                status: Some(StatusOut::failure(code, reason, message)),
                 warnings: Vec::new(),
             },
         }

@@ -1,5 +1,7 @@
 //! AdmissionReview (`admission.k8s.io/v1`) on the wire. The envelope is not part of the
-//! OpenAPI spec (so not in k8s-openapi); `Status` in the answer is the k8s-openapi type.
+//! OpenAPI spec (so not in k8s-openapi); `Status` in the answer is [`StatusOut`], the
+//! fields of a meta/v1 `Status` a denial sets, serialised as k8s-openapi serialises its
+//! `Status` (the webhook tests parse it with k8s-openapi's type).
 //!
 //! Requests are parsed into borrowed, typed views of the body: strings without escapes
 //! point into the body, `object` is kept as raw JSON until the request turns out to be
@@ -10,7 +12,6 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -137,10 +138,42 @@ pub(super) struct ResponseOut<'a> {
     pub allowed: bool,
     /// Why not (denials only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<Status>,
+    pub status: Option<StatusOut>,
     /// Shown to the user (`kubectl` prints them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+/// A meta/v1 `Status` with the fields a denial sets, in k8s-openapi's field order: the
+/// Kubernetes API objects crate (the whole API of one release) is not built for one struct.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct StatusOut {
+    /// Always `v1`.
+    api_version: &'static str,
+    /// Always `Status`.
+    kind: &'static str,
+    /// The HTTP status code of the denial.
+    code: u16,
+    /// Every problem, one per line.
+    message: String,
+    /// An empty `ListMeta`.
+    metadata: Empty,
+    /// The machine-readable reason (`Invalid`, `InternalError`, ...).
+    reason: &'static str,
+    /// Always `Failure`.
+    status: &'static str,
+}
+
+/// Serialises as `{}`.
+#[derive(Debug, Serialize)]
+struct Empty {}
+
+impl StatusOut {
+    /// The status of a denial.
+    pub(super) fn failure(code: u16, reason: &'static str, message: String) -> StatusOut {
+        StatusOut { api_version: "v1", kind: "Status", code, message, metadata: Empty {}, reason, status: "Failure" }
+    }
 }
 
 /// The AdmissionReview answer carrying `response`, as JSON.
@@ -162,6 +195,15 @@ mod tests {
         let req = parse(body.as_bytes()).expect("parses");
         assert!(matches!(req.uid, Cow::Borrowed("u1")));
         assert!(req.object.is_some_and(|o| o.get().len() > 200_000));
+    }
+
+    #[test]
+    fn a_denial_status_is_a_meta_v1_status() {
+        let json = serde_json::to_string(&StatusOut::failure(422, "Invalid", "bad\nworse".into())).expect("json");
+        assert_eq!(
+            json,
+            r#"{"apiVersion":"v1","kind":"Status","code":422,"message":"bad\nworse","metadata":{},"reason":"Invalid","status":"Failure"}"#
+        );
     }
 
     #[test]
