@@ -36,7 +36,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::runtime::{Fragment, effective_value};
+use crate::kata_config::{Fragment, effective_value};
 
 /// The Kata commit whose source the derivation follows (kata-containers/kata-containers).
 pub(crate) const KATA_COMMIT: &str = "7c6ba40";
@@ -282,7 +282,7 @@ fn plain_root(fs: &str, blk: bool, dax: bool, origin: &str) -> Vec<Param> {
 
 /// The extension parameters (Go `qemu.go:217`, runtime-rs `cmdline_generator.rs:217`).
 fn extensions(c: &Cfg<'_>, origin: &str) -> Vec<Param> {
-    let (list, from) = crate::runtime_facts::extensions(c.fragments, HV);
+    let (list, from) = crate::kata_config::extensions(c.fragments, HV);
     let from = from.unwrap_or_default();
     list.iter()
         .map(|e| {

@@ -27,7 +27,7 @@ use sev::measurement::vmsa::{GuestFeatures, VMMType};
 
 use super::cmdline::{self, Runtime};
 use super::{Provenance, RefValue, Target, Value};
-use crate::runtime::Setting;
+use crate::kata_config::Setting;
 
 /// The vCPU type both Kata runtimes pass to QEMU for SNP guests (Go `qemu_amd64.go:245`,
 /// runtime-rs `cmdline_generator.rs:3422`).
@@ -433,7 +433,7 @@ fn measure(t: &Target<'_>) -> Result<(Vec<String>, Vec<Provenance>), String> {
     }
     let mut key: Vec<&str> = t.table.split('.').collect();
     key.push("sev_snp_guest");
-    let snp = crate::runtime::effective(&t.fragments, &key);
+    let snp = crate::kata_config::effective(&t.fragments, &key);
     if !is_true(&snp) {
         return Err(format!("{cfg} does not set sev_snp_guest = true: Kata launches an SEV (not SEV-SNP) guest"));
     }

@@ -18,7 +18,7 @@ use crate::node::Root;
 use crate::policy::{Plan, RuntimeConfigFacts};
 
 pub(crate) use facts::{ExtensionImage, extensions, fragments_without, stale_extensions};
-pub(crate) use files::{CONFIG_D, Fragment, Setting, effective, fragments, leaves};
+pub(crate) use files::{CONFIG_D, Fragment, Setting, effective, effective_value, fragments, leaves};
 pub use files::{RuntimeConfig, Selection};
 pub(crate) use load::check as check_loads;
 pub use runtime_class::{Chosen, Target, Tee, config_paths, discover, drift, resolve};
