@@ -4,6 +4,7 @@
 //! reference into `docs/` (a code comment's `docs/design.md#host-layout`, a Markdown link
 //! between pages) names a page and an anchor that exist.
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -261,4 +262,40 @@ fn docs_pages_cover_the_house() {
     for code in ["0", "1", "2", "3", "4", "64"] {
         assert!(trouble.contains(&format!("| `{code}` |")), "docs/troubleshooting.md has no row for exit code {code}");
     }
+}
+
+/// The (key, env var) pairs of the README's key table: the rows `| key | env var | meaning |`
+/// between `<!-- keys:begin -->` and `<!-- keys:end -->`, backticks dropped, the header and
+/// separator rows left out.
+fn readme_keys(readme: &str) -> BTreeSet<(String, String)> {
+    let start = readme.find("<!-- keys:begin -->").expect("README has `<!-- keys:begin -->`");
+    let table = &readme[start..];
+    let table = &table[..table.find("<!-- keys:end -->").expect("README has `<!-- keys:end -->` after the begin")];
+    let mut rows = BTreeSet::new();
+    for line in table.lines().map(str::trim).filter(|l| l.starts_with('|')) {
+        let cells: Vec<String> = line.trim_matches('|').split('|').map(|c| c.trim().replace('`', "")).collect();
+        let [key, env, ..] = cells.as_slice() else { panic!("README key table row without key and env var: {line}") };
+        if key.starts_with('-') || key.starts_with(':') || key.eq_ignore_ascii_case("key") {
+            continue;
+        }
+        assert!(rows.insert((key.clone(), env.clone())), "README key table lists {key} twice");
+    }
+    rows
+}
+
+/// The README's key table names exactly the keys and env vars of the policy's key table
+/// (`guest/src/keys.rs`), no more, no fewer.
+#[test]
+fn readme_key_table_is_the_policys_key_table() {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("read README.md");
+    let want: BTreeSet<(String, String)> =
+        kata_addons_guest::Key::ALL.iter().map(|k| (k.name().to_string(), k.env().to_string())).collect();
+    let got = readme_keys(&readme);
+    assert_eq!(
+        got,
+        want,
+        "README key table vs guest/src/keys.rs: only in the README {:?}, missing from the README {:?}",
+        got.difference(&want).collect::<Vec<_>>(),
+        want.difference(&got).collect::<Vec<_>>()
+    );
 }
