@@ -1,4 +1,4 @@
-//! RuntimeClass resolution (issue 20) on node roots in kata-deploy's formats, with
+//! RuntimeClass resolution (docs/design.md#runtimeclass) on node roots in kata-deploy's formats, with
 //! Debian's containerd as the oracle: for every containerd fixture, `containerd --config F
 //! config dump` must give the handler the `ConfigPath` kata-addons resolves. CRI-O is not
 //! packaged here: its fixtures follow its documented rules (crio.conf(5), crio.conf.d:

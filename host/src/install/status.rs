@@ -114,7 +114,7 @@ fn check_effective(
 }
 
 impl Status {
-    /// Exit code per DESIGN §5: 0 healthy, 3 nothing installed, 4 drifted.
+    /// Exit code (docs/design.md#exit-codes): 0 healthy, 3 nothing installed, 4 drifted.
     pub fn exit_code(&self) -> u8 {
         match (&self.state, self.problems.is_empty()) {
             (None, _) => 3,

@@ -1,4 +1,4 @@
-//! The install transaction: the atomic switch of DESIGN.md §4. Order: stage files in a new
+//! The install transaction: the atomic switch of docs/design.md#atomic-switch. Order: stage files in a new
 //! version directory -> render the drop-ins (one per runtime configuration found) -> write
 //! state -> rename each drop-in into its `config.d` (the commit point of that
 //! configuration) -> remove the previous version. A crash at any instant leaves each
@@ -215,7 +215,7 @@ pub async fn install_observed(
     obs.attest = None;
     let started = Instant::now();
     let root = Root::open(&site.root)?;
-    // Image trust first (issue 9): nothing is written on the node for an image the policy
+    // Image trust first (docs/registries-and-trust.md): nothing is written on the node for an image the policy
     // refuses. A policy that needs signatures is checked on the resolved digest now.
     let mut image = image_ref(plan);
     let pull = Pull::new(opts);
