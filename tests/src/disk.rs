@@ -268,3 +268,87 @@ pub fn measured(dir: &Path, name: &str, fs: Fs, label: Label, salt: &str, dbs: u
     disk(&disk_path, label, &[&data, &hash], 0);
     (disk_path, v)
 }
+
+/// A field of the primary GPT header (LBA 1), at its byte offset and width there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GptField {
+    /// `my_lba` (8 bytes at 24).
+    MyLba,
+    /// `alternate_lba` (8 bytes at 32).
+    AlternateLba,
+    /// `first_usable_lba` (8 bytes at 40).
+    FirstUsableLba,
+    /// `last_usable_lba` (8 bytes at 48).
+    LastUsableLba,
+    /// `partition_entry_lba` (8 bytes at 72).
+    EntriesLba,
+    /// `number_of_partition_entries` (4 bytes at 80).
+    Entries,
+    /// `size_of_partition_entry` (4 bytes at 84).
+    EntrySize,
+}
+
+impl GptField {
+    /// Every field, for mutators.
+    pub const ALL: [GptField; 7] = [
+        GptField::MyLba,
+        GptField::AlternateLba,
+        GptField::FirstUsableLba,
+        GptField::LastUsableLba,
+        GptField::EntriesLba,
+        GptField::Entries,
+        GptField::EntrySize,
+    ];
+
+    /// Byte offset in the header and width.
+    pub fn place(self) -> (usize, usize) {
+        match self {
+            GptField::MyLba => (24, 8),
+            GptField::AlternateLba => (32, 8),
+            GptField::FirstUsableLba => (40, 8),
+            GptField::LastUsableLba => (48, 8),
+            GptField::EntriesLba => (72, 8),
+            GptField::Entries => (80, 4),
+            GptField::EntrySize => (84, 4),
+        }
+    }
+}
+
+/// Sets fields of the primary GPT header in the disk image bytes `d` (512-byte sectors) and
+/// recomputes the header's CRC32 (over its `header_size` bytes with the CRC field zeroed),
+/// so the header still reads as intact: what an attacker who edits a disk image does.
+pub fn set_gpt_header(d: &mut [u8], edits: &[(GptField, u64)]) {
+    const LBA1: usize = 512;
+    for (f, v) in edits {
+        let (off, width) = f.place();
+        d[LBA1 + off..LBA1 + off + width].copy_from_slice(&v.to_le_bytes()[..width]);
+    }
+    let size = u32::from_le_bytes(d[LBA1 + 12..LBA1 + 16].try_into().expect("4 bytes")).clamp(92, 512) as usize;
+    d[LBA1 + 16..LBA1 + 20].copy_from_slice(&[0; 4]);
+    let crc = crc32fast::hash(&d[LBA1..LBA1 + size]);
+    d[LBA1 + 16..LBA1 + 20].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A field of the primary GPT header of `d`.
+pub fn gpt_header_field(d: &[u8], f: GptField) -> u64 {
+    let (off, width) = f.place();
+    let mut b = [0u8; 8];
+    b[..width].copy_from_slice(&d[512 + off..512 + off + width]);
+    u64::from_le_bytes(b)
+}
+
+/// [`set_gpt_header`] on a disk image file.
+pub fn edit_gpt_header(disk: &Path, edits: &[(GptField, u64)]) {
+    let mut d = std::fs::read(disk).expect("read disk");
+    set_gpt_header(&mut d, edits);
+    std::fs::write(disk, d).expect("write disk");
+}
+
+/// The hostile GPT headers of the partition-table crash: entry count and entry size as an
+/// attacker sets them (header CRC recomputed), with what each did before they were bounded.
+pub const HOSTILE_GPT_HEADERS: [(&str, u64, u64); 4] = [
+    ("0xFFFFFFFF entries", 0xFFFF_FFFF, 128),
+    ("entry size 0", 128, 0),
+    ("1,000,000 entries of 0 bytes", 1_000_000, 0),
+    ("20,000,000 entries", 20_000_000, 128),
+];
