@@ -125,6 +125,64 @@ impl Root {
     }
 }
 
+/// Directories one install created beneath the root, removed again (deepest first, only
+/// while empty) when it is dropped before [`Created::keep`]: a refused install leaves the
+/// node as it found it.
+#[derive(Debug)]
+pub(crate) struct Created {
+    /// The root, to remove from.
+    root: Dir,
+    /// Root-relative directories created, in creation order.
+    dirs: Vec<PathBuf>,
+    /// Set once something the node keeps lives in them.
+    keep: std::sync::atomic::AtomicBool,
+}
+
+impl Created {
+    /// Nothing created yet beneath `root`.
+    pub(crate) fn new(root: &Root) -> Result<Created> {
+        let root = root.dir().try_clone().context("duplicating the node root handle")?;
+        Ok(Created { root, dirs: Vec::new(), keep: std::sync::atomic::AtomicBool::new(false) })
+    }
+
+    /// Creates (if needed) and opens the directory at root-relative `rel`, recording each
+    /// component created; a symlink that would lead outside the root is refused.
+    pub(crate) fn dir_all(&mut self, rel: &Path) -> Result<Dir> {
+        let mut b = DirBuilder::new();
+        b.mode(0o755);
+        let mut at = PathBuf::new();
+        for c in rel.components() {
+            at.push(c);
+            match self.root.create_dir_with(&at, &b) {
+                Ok(()) => self.dirs.push(at.clone()),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e).with_context(|| refused_or(&at, "creating")),
+            }
+        }
+        self.root.open_dir(rel).with_context(|| refused_or(rel, "opening"))
+    }
+
+    /// What was created stays (the commit point is passed).
+    pub(crate) fn keep(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if self.keep.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        for d in self.dirs.iter().rev() {
+            match self.root.remove_dir(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(dir = %node_path(d), "could not remove a directory this run created: {e}"),
+            }
+        }
+    }
+}
+
 /// Context for a failed open or create of `rel` under the root: names the node path and
 /// says a symlink leading outside the root is refused.
 pub(crate) fn refused_or(rel: &Path, what: &str) -> String {
@@ -244,7 +302,8 @@ pub(crate) fn write_atomic(dir: &Dir, name: &str, data: &[u8]) -> Result<()> {
 }
 
 /// Opens a regular file for reading; `None` if it is missing. A symlink or other
-/// non-regular entry is an error.
+/// non-regular entry is an error. The open does not block (`O_NONBLOCK`: a FIFO swapped in
+/// after the check cannot stall the runner) and what was opened is checked again.
 pub(crate) fn open_regular(dir: &Dir, name: &Path) -> Result<Option<cap_std::fs::File>> {
     let meta = match dir.symlink_metadata(name) {
         Ok(m) => m,
@@ -254,7 +313,17 @@ pub(crate) fn open_regular(dir: &Dir, name: &Path) -> Result<Option<cap_std::fs:
     if !meta.is_file() {
         bail!("{} is not a regular file", name.display());
     }
-    dir.open(name).map(Some).with_context(|| format!("opening {}", name.display()))
+    let mut o = OpenOptions::new();
+    o.read(true).custom_flags(libc::O_NONBLOCK);
+    let f = match dir.open_with(name, &o) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", name.display())),
+    };
+    if !f.metadata().with_context(|| format!("inspecting {}", name.display()))?.is_file() {
+        bail!("{} is not a regular file", name.display());
+    }
+    Ok(Some(f))
 }
 
 /// sha256 (hex) and size of a regular file, read in chunks; `None` if it is missing.

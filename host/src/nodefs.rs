@@ -24,6 +24,32 @@ use crate::node::{self, Root};
 /// auth files, certificates, CA bundles: all far smaller).
 pub(crate) const MAX_CONFIG_FILE: u64 = 4 << 20;
 
+/// Opens a file on the runner's own filesystem for reading without blocking on the open
+/// (`O_NONBLOCK`: a FIFO in place of a file cannot stall the runner; on a regular file the
+/// flag changes nothing). The caller checks what it opened with [`ensure_regular`].
+pub(crate) fn open_local(p: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p)
+}
+
+/// Refuses an opened file that is not a regular file (a FIFO, socket, device or
+/// directory), naming it as `what`.
+pub(crate) fn ensure_regular(f: &std::fs::File, what: &dyn fmt::Display) -> Result<()> {
+    let t = f.metadata().with_context(|| format!("inspecting {what}"))?.file_type();
+    if !t.is_file() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let kind = match () {
+            () if t.is_dir() => "a directory",
+            () if t.is_fifo() => "a FIFO",
+            () if t.is_socket() => "a socket",
+            () if t.is_block_device() || t.is_char_device() => "a device",
+            () => "not a file",
+        };
+        bail!("{what} is {kind}, not a regular file");
+    }
+    Ok(())
+}
+
 /// Where a file is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FilePath {
@@ -142,10 +168,7 @@ impl NodeFs {
                 o.read(true).custom_flags(libc::O_NONBLOCK);
                 self.root.dir().open_with(&rel, &o).map(|f| f.into_std())
             }
-            FilePath::Local(p) => {
-                use std::os::unix::fs::OpenOptionsExt as _;
-                std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p)
-            }
+            FilePath::Local(p) => open_local(p),
         };
         let file = match opened {
             Ok(f) => f,
@@ -155,9 +178,7 @@ impl NodeFs {
                     .with_context(|| format!("opening {path} (a node file is only read from inside the root)"));
             }
         };
-        if !file.metadata().with_context(|| format!("inspecting {path}"))?.is_file() {
-            bail!("{path} is not a regular file");
-        }
+        ensure_regular(&file, path)?;
         Ok(Some(file))
     }
 

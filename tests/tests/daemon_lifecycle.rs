@@ -117,8 +117,8 @@ fn sigterm_during_a_stalled_pull_exits_at_once_and_keeps_the_old_install() {
     assert_eq!(st.status.code(), Some(0), "{}", show(&st));
 }
 
-/// SIGINT while the daemon waits for the node lock (held by flock(1) for another run):
-/// it exits 0 within the bound instead of waiting out --lock-timeout.
+/// SIGINT while the daemon waits for the node lock (flock(1) on the node root holds it, as
+/// another run would): it exits 0 within the bound instead of waiting out --lock-timeout.
 #[test]
 fn sigint_while_waiting_for_the_node_lock_exits_at_once() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -136,7 +136,7 @@ fn sigint_while_waiting_for_the_node_lock_exits_at_once() {
     // Another run holds the node lock until its stdin closes.
     let marker = dir.path().join("locked");
     let mut holder = Command::new("flock")
-        .arg(node.path("/run/kata-addons.lock"))
+        .arg(node.root())
         .arg("-c")
         .arg(format!("touch '{}'; exec cat >/dev/null", marker.display()))
         .stdin(Stdio::piped())

@@ -28,10 +28,19 @@ pub(crate) enum Finding {
 /// Checks the file `rel` of `dir` against `rec`. An unusable file (not a regular file,
 /// unreadable) is an error.
 pub(crate) fn check(dir: &Dir, rel: &Path, rec: &FileRecord) -> Result<Finding> {
+    // The recorded size first: cheap, and a record whose size no file has is not vouched for
+    // by a matching digest of some other length.
+    let Some(file) = node::open_regular(dir, rel)? else { return Ok(Finding::Missing) };
+    let size = file.metadata().map_err(|e| anyhow::anyhow!(e).context(format!("inspecting {}", rec.path)))?.len();
+    if size != rec.size {
+        return Ok(Finding::Differs(format!("{size} bytes, expected {}", rec.size)));
+    }
+    drop(file);
     if let Some(expected) = &rec.sha256 {
         return Ok(match node::hash_file(dir, rel)? {
             None => Finding::Missing,
-            Some((sha, _)) if &sha == expected => Finding::Intact,
+            Some((sha, n)) if &sha == expected && n == rec.size => Finding::Intact,
+            Some((sha, n)) if &sha == expected => Finding::Differs(format!("{n} bytes, expected {}", rec.size)),
             Some((sha, _)) => Finding::Differs(format!("sha256 {sha}, expected {expected}")),
         });
     }

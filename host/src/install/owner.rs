@@ -144,10 +144,10 @@ pub fn owner(root: &Root) -> Result<Owner> {
 
 /// Reads the owner record; `None` when there is none.
 pub fn read(addons: &Dir) -> Result<Option<OwnerRecord>> {
-    let f = match addons.open(OWNER_FILE) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).context(format!("opening {INSTALL_DIR}/{OWNER_FILE}")),
+    let f = match crate::node::open_regular(addons, Path::new(OWNER_FILE)) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(e.context(format!("opening {INSTALL_DIR}/{OWNER_FILE}"))),
     };
     let mut text = String::new();
     f.take(MAX_OWNER_BYTES + 1).read_to_string(&mut text).context(format!("reading {INSTALL_DIR}/{OWNER_FILE}"))?;

@@ -8,7 +8,7 @@ use cap_std::fs::Dir;
 use kata_addons_facts::{DROP_IN_NAME, INSTALL_DIR};
 
 use crate::kata_config::{self, Found, Selection};
-use crate::node::{self, Root};
+use crate::node::{self, Created, Root};
 use crate::policy::{Plan, RuntimeConfigFacts};
 
 /// One runtime configuration's side of an install.
@@ -17,14 +17,24 @@ pub(super) struct ConfigTarget {
     pub(super) runtime_config: String,
     /// The directory holding it (drop-ins are staged here, beside `config.d`).
     pub(super) config_dir: Dir,
-    /// `config.d` beside it.
-    pub(super) config_d: Dir,
+    /// `config.d` beside it, when it exists (an install creates it at its commit point).
+    pub(super) config_d: Option<Dir>,
+    /// Root-relative path of that `config.d`.
+    pub(super) config_d_rel: PathBuf,
     /// Node path of the drop-in.
     pub(super) drop_in_node_path: String,
     /// Root-relative path of the resolved `configuration*.toml`.
     pub(super) rel: PathBuf,
     /// The RuntimeClass handler that resolved to it (`runtimeClass`), if any.
     pub(super) handler: Option<String>,
+}
+
+impl ConfigTarget {
+    /// The directory a drop-in is committed into: `config.d`, where it exists, else the
+    /// configuration's directory it will be created in (for the read-only check).
+    pub(super) fn commit_dir(&self) -> &Dir {
+        self.config_d.as_ref().unwrap_or(&self.config_dir)
+    }
 }
 
 /// The node-side places of a plan.
@@ -51,9 +61,11 @@ pub(crate) fn plan_runtime_classes(plan: &Plan) -> &[String] {
     &plan.runtime_classes
 }
 
-/// Resolves where a plan's files and drop-ins go, creating `config.d` directories as needed:
-/// the configurations the plan's RuntimeClass handlers run, else the provider's standard ones.
-pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection) -> Result<Target> {
+/// Resolves where a plan's files and drop-ins go: the configurations the plan's RuntimeClass
+/// handlers run, else the provider's standard ones. Only the install directory is created
+/// (recorded in `created`, so a refused install removes it again); each `config.d` is
+/// opened if it exists and created at the commit.
+pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection, created: &mut Created) -> Result<Target> {
     let provider = plan.provider;
     let handlers = plan_runtime_classes(plan);
     let found = kata_config::found(root, plan, selection).with_context(|| {
@@ -73,16 +85,21 @@ pub(super) fn target(root: &Root, plan: &Plan, selection: &Selection) -> Result<
             .open_dir(if dir_rel.as_os_str().is_empty() { Path::new(".") } else { &dir_rel })
             .with_context(|| format!("opening {}", node::node_path(&dir_rel)))?;
         let config_d_rel = rc.config_d_rel();
-        let config_d = root.create_dir_all(&config_d_rel)?;
+        let config_d = match root.dir().open_dir(&config_d_rel) {
+            Ok(d) => Some(d),
+            Err(e) if node::is_absent(&e) => None,
+            Err(e) => return Err(e).with_context(|| node::refused_or(&config_d_rel, "opening")),
+        };
         configs.push(ConfigTarget {
             drop_in_node_path: node::node_path(&config_d_rel.join(DROP_IN_NAME)),
             runtime_config: rc.resolved,
             config_dir,
             config_d,
+            config_d_rel,
             rel: rc.rel,
             handler,
         });
     }
-    let addons = root.create_dir_all(&node::rel_path(INSTALL_DIR))?;
+    let addons = created.dir_all(&node::rel_path(INSTALL_DIR))?;
     Ok(Target { addons, configs, facts })
 }

@@ -139,14 +139,23 @@ fn stage_drop_ins<'a>(t: &'a Target, drop_ins: &[(usize, &DropIn)], work: &mut U
     Ok(())
 }
 
-/// Renames staged drop-ins into their `config.d` (the commit point of each).
-fn commit_drop_ins(t: &Target, tmp_name: &str, drop_ins: &[(usize, &DropIn)]) -> Result<()> {
+/// Renames staged drop-ins into their `config.d` (the commit point of each), creating a
+/// missing `config.d` first.
+fn commit_drop_ins(root: &Root, t: &Target, tmp_name: &str, drop_ins: &[(usize, &DropIn)]) -> Result<()> {
     for (i, d) in drop_ins {
         let c = &t.configs[*i];
+        let created;
+        let config_d = match &c.config_d {
+            Some(d) => d,
+            None => {
+                created = root.create_dir_all(&c.config_d_rel)?;
+                &created
+            }
+        };
         c.config_dir
-            .rename(tmp_name, &c.config_d, DROP_IN_NAME)
+            .rename(tmp_name, config_d, DROP_IN_NAME)
             .with_context(|| format!("committing the drop-in {}", c.drop_in_node_path))?;
-        node::fsync_dir(&c.config_d)?;
+        node::fsync_dir(config_d)?;
         node::fsync_dir(&c.config_dir)?;
         tracing::info!(step = "commit", drop_in = %d.path, sha256 = %sha256_hex(d.contents.as_bytes()), "drop-in committed");
     }
@@ -279,6 +288,9 @@ struct Transaction<'a> {
     old: Option<State>,
     /// Root-relative runtime configuration directories that may hold a kata-addons drop-in.
     known: Vec<PathBuf>,
+    /// Directories this install created (the install directory on a fresh node): removed
+    /// again unless a state is written into them.
+    created: node::Created,
     _lock: lock::NodeLock,
 }
 
@@ -301,7 +313,8 @@ impl<'a> Transaction<'a> {
         let known = known_config_dirs(&root, &selection.kata_prefix, &selection.only, &plan.runtime_configs);
         sweep_leftovers(&root, existing.as_ref(), &known)?;
         drop(existing);
-        let target = target(&root, plan, selection)?;
+        let mut created = node::Created::new(&root)?;
+        let target = target(&root, plan, selection, &mut created)?;
         for c in &target.configs {
             tracing::info!(
                 step = "resolve",
@@ -312,7 +325,7 @@ impl<'a> Transaction<'a> {
                 "resolved runtime config"
             );
         }
-        Ok(Transaction { policy, plan, root, target, old, known, _lock: lock })
+        Ok(Transaction { policy, plan, root, target, old, known, created, _lock: lock })
     }
 
     /// The switch to a new version: stage, render, state, commit, collect.
@@ -320,7 +333,7 @@ impl<'a> Transaction<'a> {
         let (plan, t) = (self.plan, &self.target);
         node::ensure_writable(&t.addons, INSTALL_DIR)?;
         for c in &t.configs {
-            node::ensure_writable(&c.config_d, &c.drop_in_node_path)?;
+            node::ensure_writable(c.commit_dir(), &c.drop_in_node_path)?;
         }
 
         // 1. Stage the files in a fresh directory inside the install directory. From here on,
@@ -349,9 +362,10 @@ impl<'a> Transaction<'a> {
         state::write(&t.addons, &st)?;
         // The state refers to the new directory now: a failed commit leaves it for the next run.
         work.keep_dir();
+        self.created.keep();
 
         // 4. Commit: rename each drop-in into its config.d.
-        commit_drop_ins(t, &work.tmp_name, &all)?;
+        commit_drop_ins(&self.root, t, &work.tmp_name, &all)?;
         work.committed();
 
         // 5. Remove what the commit made obsolete.
@@ -444,7 +458,10 @@ impl<'a> Transaction<'a> {
         let mut drifted: Vec<(usize, &DropIn)> = Vec::new();
         let mut what = Vec::new();
         for (i, (d, rec)) in drop_ins.iter().zip(&new_records).enumerate() {
-            let on_disk = node::hash_file(&t.configs[i].config_d, Path::new(DROP_IN_NAME));
+            let on_disk = match &t.configs[i].config_d {
+                Some(config_d) => node::hash_file(config_d, Path::new(DROP_IN_NAME)),
+                None => Ok(None),
+            };
             let why = match on_disk {
                 Ok(Some((sha, _))) if sha == rec.sha256 => continue,
                 Ok(Some((sha, _))) => format!("drop-in {} was edited (sha256 {sha}, expected {})", d.path, rec.sha256),
@@ -474,7 +491,7 @@ impl<'a> Transaction<'a> {
         }
         node::ensure_writable(&t.addons, INSTALL_DIR)?;
         for (i, _) in &drifted {
-            node::ensure_writable(&t.configs[*i].config_d, &t.configs[*i].drop_in_node_path)?;
+            node::ensure_writable(t.configs[*i].commit_dir(), &t.configs[*i].drop_in_node_path)?;
         }
         let mut work = Uncommitted::new(&t.addons, DROP_IN_NAME);
         stage_drop_ins(t, &drifted, &mut work)?;
@@ -483,7 +500,7 @@ impl<'a> Transaction<'a> {
         st.previous_drop_ins = obsolete;
         st.runtime_classes = super::target::plan_runtime_classes(plan).to_vec();
         state::write(&t.addons, &st)?;
-        commit_drop_ins(t, &work.tmp_name, &drifted)?;
+        commit_drop_ins(&self.root, t, &work.tmp_name, &drifted)?;
         work.committed();
         self.gc(&mut st)?;
         for w in &what {
@@ -530,6 +547,16 @@ async fn stage(
             .iter()
             .find(|f| f.dest_name == a.file_name)
             .with_context(|| format!("the fetch did not produce {}", a.source))?;
+        if f.size == 0 {
+            bail!(
+                "refusing {} {} in {}: the file is empty (0 bytes), nothing Kata can boot ({}Path must name a non-empty \
+                 file); nothing was installed",
+                a.kind,
+                a.source,
+                plan.image,
+                a.kind
+            );
+        }
         if let Some(expected) = &a.sha256
             && f.sha256.as_ref() != Some(expected)
         {
@@ -671,7 +698,7 @@ fn installed_facts(plan: &Plan, st: &State, t: &Target) -> FileFacts {
 /// runtime configuration directories is one `st` records (so none can point into them).
 fn gc(root: &Root, t: &Target, st: &mut State, known: &[PathBuf]) -> Result<()> {
     for p in &st.previous_drop_ins {
-        if state::validate::remove_drop_in(root, p, false)? == state::validate::DropInRemoval::Removed {
+        if state::validate::remove_drop_in(root, p)? == state::validate::DropInRemoval::Removed {
             tracing::info!(step = "gc", drop_in = %p, "removed obsolete drop-in");
         }
     }

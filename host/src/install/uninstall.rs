@@ -40,7 +40,7 @@ impl Uninstalled {
 /// header at its fixed name in the `config.d` of every known runtime configuration (all
 /// providers and layouts under `--kata-prefix`, plus each `--runtime-config`), every
 /// version directory and what killed runs left in the install directory. A drop-in without
-/// the header is never removed (it is reported). A damaged state is refused (exit 1), and
+/// the header is never removed, even one the state lists (it is reported). A damaged state is refused (exit 1), and
 /// so is a root a live daemon owns ([`super::owner`]) unless `force`: it would reinstall.
 pub fn uninstall(site: &Site, selection: &Selection, force: bool) -> Result<Uninstalled> {
     let root = Root::open(&site.root)?;
@@ -55,19 +55,23 @@ pub fn uninstall(site: &Site, selection: &Selection, force: bool) -> Result<Unin
     let mut out = Uninstalled { leftovers: sweep_leftovers(&root, addons.as_ref(), &known)?, ..Default::default() };
     if let Some(st) = &st {
         for p in st.drop_ins.iter().map(|d| &d.path).chain(&st.previous_drop_ins) {
-            if state::validate::remove_drop_in(&root, p, false)? == state::validate::DropInRemoval::Removed {
-                tracing::info!(drop_in = %p, "removed drop-in");
-                out.drop_ins.push(p.clone());
+            match state::validate::remove_drop_in(&root, p)? {
+                state::validate::DropInRemoval::Removed => {
+                    tracing::info!(drop_in = %p, "removed drop-in");
+                    out.drop_ins.push(p.clone());
+                }
+                state::validate::DropInRemoval::NotOurs => out.left_alone.push(p.clone()),
+                state::validate::DropInRemoval::Absent => {}
             }
         }
     }
     // Drop-ins no state records: a lost state, or one older than the drop-in.
     for d in &known {
         let p = node::node_path(&d.join(CONFIG_D).join(DROP_IN_NAME));
-        if out.drop_ins.contains(&p) {
+        if out.drop_ins.contains(&p) || out.left_alone.contains(&p) {
             continue;
         }
-        match state::validate::remove_drop_in(&root, &p, true) {
+        match state::validate::remove_drop_in(&root, &p) {
             Ok(state::validate::DropInRemoval::Removed) => {
                 tracing::info!(drop_in = %p, "removed a kata-addons drop-in no state recorded");
                 out.drop_ins.push(p);

@@ -40,8 +40,22 @@ fn blob_path(root: &Path, digest: &str) -> Result<PathBuf> {
     Ok(root.join("blobs").join("sha256").join(hex))
 }
 
+/// Opens a file of the layout without blocking on it and refuses anything but a regular
+/// file (a FIFO in place of `index.json` or a blob would hang the pull forever).
+async fn open_regular(path: &Path) -> Result<tokio::fs::File> {
+    let p = path.to_path_buf();
+    let f = tokio::task::spawn_blocking(move || -> Result<std::fs::File> {
+        let f = crate::nodefs::open_local(&p).with_context(|| format!("open {}", p.display()))?;
+        crate::nodefs::ensure_regular(&f, &p.display())?;
+        Ok(f)
+    })
+    .await
+    .context("opening a layout file")??;
+    Ok(tokio::fs::File::from_std(f))
+}
+
 async fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>> {
-    let f = tokio::fs::File::open(path).await.with_context(|| format!("open {}", path.display()))?;
+    let f = open_regular(path).await?;
     let mut buf = Vec::new();
     f.take(cap + 1).read_to_end(&mut buf).await.with_context(|| format!("read {}", path.display()))?;
     if buf.len() as u64 > cap {
@@ -120,7 +134,7 @@ impl LayoutBlob {
     /// Opens the blob for `desc` under the layout `root`.
     pub(crate) async fn open(root: &Path, desc: &Descriptor) -> Result<Self> {
         let path = blob_path(root, &desc.digest)?;
-        let file = tokio::fs::File::open(&path).await.with_context(|| format!("open layer blob {}", path.display()))?;
+        let file = open_regular(&path).await.context("open layer blob")?;
         Ok(LayoutBlob { file })
     }
 

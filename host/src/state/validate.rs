@@ -40,10 +40,10 @@ fn refuse(field: &str, value: &str, why: &str) -> anyhow::Error {
 
 /// Reads the state file text, refusing one above [`MAX_STATE_BYTES`]; `None` if absent.
 pub(crate) fn read_capped(dir: &Dir, name: &str) -> Result<Option<String>> {
-    let f = match dir.open(name) {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(anyhow!(e).context(format!("reading the state file {INSTALL_DIR}/{name}"))),
+    let f = match node::open_regular(dir, std::path::Path::new(name)) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(e.context(format!("reading the state file {INSTALL_DIR}/{name}"))),
     };
     let mut text = String::new();
     f.take(MAX_STATE_BYTES + 1)
@@ -135,14 +135,14 @@ pub(crate) enum DropInRemoval {
     Removed,
     /// Nothing there.
     Absent,
-    /// Left alone: not a regular file (or, without a state, no kata-addons header).
+    /// Left alone: not a regular file, or without kata-addons' header.
     NotOurs,
 }
 
 /// Removes the drop-in at node path `p` (already checked with [`check_drop_in_path`]) if it
-/// is a regular file; with `need_header` (no state vouches for it) only if it also carries
-/// kata-addons' header, so a file kata-addons did not write is never deleted.
-pub(crate) fn remove_drop_in(root: &Root, p: &str, need_header: bool) -> Result<DropInRemoval> {
+/// is a regular file carrying kata-addons' header, whatever the state says of it: a state
+/// is input, and a file kata-addons did not write is never deleted.
+pub(crate) fn remove_drop_in(root: &Root, p: &str) -> Result<DropInRemoval> {
     let rel = node::rel_path(p);
     let meta = match root.dir().symlink_metadata(&rel) {
         Ok(m) => m,
@@ -156,7 +156,7 @@ pub(crate) fn remove_drop_in(root: &Root, p: &str, need_header: bool) -> Result<
         tracing::warn!(drop_in = %p, "not a regular file: left alone");
         return Ok(DropInRemoval::NotOurs);
     }
-    if need_header && !carries_header(root, p)? {
+    if !carries_header(root, p)? {
         tracing::warn!(drop_in = %p, "does not carry the kata-addons header: left alone");
         return Ok(DropInRemoval::NotOurs);
     }
@@ -177,7 +177,9 @@ pub(crate) fn remove_drop_in(root: &Root, p: &str, need_header: bool) -> Result<
 pub(crate) fn carries_header(root: &Root, p: &str) -> Result<bool> {
     let rel = node::rel_path(p);
     let mut head = Vec::new();
-    let f = root.dir().open(&rel).map_err(|e| anyhow!(e).context(format!("opening drop-in {p}")))?;
+    let f = node::open_regular(root.dir(), &rel)
+        .and_then(|f| f.ok_or_else(|| anyhow!("it is gone")))
+        .map_err(|e| e.context(format!("opening drop-in {p}")))?;
     f.take(HEADER.len() as u64)
         .read_to_end(&mut head)
         .map_err(|e| anyhow!(e).context(format!("reading drop-in {p}")))?;
