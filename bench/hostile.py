@@ -97,7 +97,9 @@ def main():
         BEGIN,
         f"Measured {start:%Y-%m-%d %H:%M} UTC with `{a.command}` ({a.runs} runs per case, the highest "
         f"RSS and CPU shown): release binary, default limits, `kata-addons fetch` from an OCI layout on "
-        f"local disk. Machine: {machine()}. Load average (1/5/15 min) {load_before} before, {load_after} after.",
+        f"local disk (the `gpt-*` cases: `kata-addons install` of a measured guest disk from an OCI layout on a "
+        f"fresh node root). Machine: {machine()}. Load average (1/5/15 min) {load_before} before, {load_after} "
+        f"after.",
         "",
         "| case | layer (each ≤ 1 MiB) | largest layer | outcome | peak RSS | CPU (user + sys) | wall | ≤ 64 MiB | ≤ 5 s CPU |",
         "| --- | --- | ---: | --- | ---: | ---: | ---: | --- | --- |",

@@ -15,6 +15,7 @@
 //! - [`fileserver`]: a static HTTP file server on 127.0.0.1 (lookaside signatures);
 //! - [`guests`]: the hostile and alternative policy guests under `tests/guests/`, built once;
 //! - [`hostile`]: a raw tar writer for hostile layers and the catalogue `bench/hostile` measures;
+//! - [`hostile_gpt`]: `bench/hostile`'s install cases: measured disks with a hostile GPT header;
 //! - [`oras`]: a real ORAS client (the ORAS Python SDK) pushing OCI artifacts, indexes, layouts;
 //! - [`ovmf`]: test firmware shaped like Kata's AMDSEV OVMF and `sev-snp-measure` as the oracle;
 //! - [`node`]: a throwaway node root with sample Kata configs, snapshots, effective config;
@@ -29,6 +30,7 @@ pub mod disk;
 pub mod fileserver;
 pub mod guests;
 pub mod hostile;
+pub mod hostile_gpt;
 pub mod image;
 pub mod measure;
 pub mod node;

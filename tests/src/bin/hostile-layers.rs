@@ -1,7 +1,8 @@
 //! Writes the catalogue of hostile layers (`kata_addons_tests::hostile::catalogue`) as OCI
 //! layouts for `bench/hostile`: one layout per case under DIR, and DIR/cases.json listing
 //! each case's id, description, image reference, wanted paths, extra arguments, expected
-//! outcome and largest layer size.
+//! outcome and largest layer size; then the GPT cases (`hostile_gpt::install_cases`), whose
+//! `argv` is the whole argument list (an `install` on a node root under DIR/gpt).
 //!
 //! It also writes the node-configuration cases (`node_catalogue`: nested ConfigMaps, an
 //! import fan-out, CRI-O symlink loops, 20,000 handlers) under DIR/node, listed with the
@@ -51,6 +52,19 @@ fn main() {
             }));
             eprintln!("wrote {}", c.id);
         }
+    }
+    // The cases that install a measured guest disk on a node root (`argv`: the whole argument list).
+    match kata_addons_tests::hostile_gpt::install_cases(&dir.join("gpt"), &only) {
+        Some(cases) => {
+            for c in cases {
+                list.push(json!({
+                    "id": c.id, "what": c.what, "argv": c.args, "expect": "refused", "code": 1, "needle": c.needle,
+                    "largest_layer": c.layer, "layers": 1,
+                }));
+                eprintln!("wrote {} (install on a node root)", c.id);
+            }
+        }
+        None => eprintln!("skipped the GPT cases: {}", kata_addons_tests::disk::missing_tools().unwrap_or_default()),
     }
     let text = serde_json::to_string_pretty(&list).expect("json");
     std::fs::write(dir.join("cases.json"), text).expect("write cases.json");
