@@ -484,3 +484,87 @@ fn the_daemon_publishes_with_every_install_and_says_so() {
     d.signal("TERM");
     assert_eq!(d.wait_exit(Duration::from_secs(60)), Some(0), "{}", d.log());
 }
+
+/// Makes the node look installed by a kata-addons that did not publish reference values:
+/// the published files removed and the state without `published`.
+fn unpublish(node: &Node) {
+    let vdir = version_dir(node);
+    for name in ["reference-values.json", "se-header.bin"] {
+        std::fs::remove_file(node.path(&format!("{vdir}/{name}"))).expect("remove a published file");
+    }
+    let mut st = state(node);
+    st.as_object_mut().expect("state object").remove("published");
+    let path = node.path("/etc/kata-containers/addons/state.json");
+    std::fs::write(path, serde_json::to_vec_pretty(&st).expect("json")).expect("write state");
+}
+
+#[test]
+fn an_up_to_date_install_publishes_the_values_of_a_version_installed_before_publishing() {
+    use kata_addons_tests::daemon::{ConfigMapDir, Daemon, wait_for};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tmp");
+    let cache = dir.path();
+    let hdr = Hdr::new(vec![[0x42; 32]], 77).bytes();
+    let kernel = se_image(&hdr, 0x14000, 0x20000, 77);
+    let node = se_node(Some(true));
+    let o = install(&node, cache, &kernel, "old");
+    assert!(o.status.success(), "{}", show(&o));
+    let vdir = version_dir(&node);
+    let rv = node.path(&format!("{vdir}/reference-values.json"));
+    let first = std::fs::read(&rv).expect("published at install");
+
+    // The CLI: the same install again publishes them, and says so; then it is up to date.
+    unpublish(&node);
+    let before = snapshot(node.root());
+    let o = install(&node, cache, &kernel, "old");
+    assert!(o.status.success(), "{}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("repaired:") && out.contains("reference values published for the installed version"),
+        "{out}"
+    );
+    assert!(out.contains(&format!("{vdir}/reference-values.json")), "{out}");
+    assert_eq!(version_dir(&node), vdir, "the same version, not reinstalled");
+    assert_eq!(std::fs::read(&rv).expect("published again"), first, "the values of the installed version");
+    let header = std::fs::read(node.path(&format!("{vdir}/se-header.bin"))).expect("se-header.bin");
+    assert_eq!(header, hdr);
+    let st = state(&node);
+    let recorded: Vec<&str> =
+        st["published"].as_array().expect("published").iter().filter_map(|p| p["sha256"].as_str()).collect();
+    assert!(recorded.contains(&sha256_hex(&first).as_str()), "{st}");
+    let after = snapshot(node.root());
+    let changed: Vec<&String> = after.keys().filter(|k| before.get(*k) != after.get(*k)).collect();
+    let expected = ["etc/kata-containers/addons/state.json".to_string()];
+    assert!(
+        changed
+            .iter()
+            .all(|k| expected.contains(k) || k.ends_with("/reference-values.json") || k.ends_with("/se-header.bin")),
+        "only the published files and the state change: {changed:?}"
+    );
+    let o = install(&node, cache, &kernel, "old");
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("up to date:"), "{}", show(&o));
+    let o = kata(&node, cache, &["status"], &[]);
+    assert!(o.status.success(), "{}", show(&o));
+
+    // The daemon: its first install publishes them, logs them and puts them in its readiness file.
+    unpublish(&node);
+    let image = format!("oci:{}:old", cache.join("layout-old").display());
+    let cm = ConfigMapDir::new(&[("addonImage", &image), ("kernelPath", "/vmlinuz")]);
+    let ready = cache.join("ready");
+    let mut d = Daemon::start(node.root(), cm.path(), &ready, cache.join("daemon.log"));
+    let line = format!("reference values: {vdir}/reference-values.json");
+    wait_for(
+        "the reference values in the readiness file",
+        Duration::from_secs(60),
+        || std::fs::read_to_string(&ready).is_ok_and(|r| r.contains(&line)),
+        || d.log(),
+    );
+    assert_eq!(std::fs::read(&rv).expect("published by the daemon"), first);
+    assert_eq!(version_dir(&node), vdir);
+    let log = d.log();
+    assert!(log.contains("reference values published for the installed version"), "{log}");
+    assert!(log.contains(&format!("{vdir}/reference-values.json")), "{log}");
+    d.signal("TERM");
+    assert_eq!(d.wait_exit(Duration::from_secs(60)), Some(0), "{}", d.log());
+}

@@ -128,11 +128,26 @@ fn confidential(t: &Target<'_>) -> bool {
     t.confidential_guest.as_ref().is_some_and(|s| s.value == "true")
 }
 
+/// Whether a plain kernel for a confidential IBM SE target refuses the install.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlainSeKernel {
+    /// A new version: refused before the commit point.
+    Refuse,
+    /// A version installed before kata-addons published values: it is already in effect, so
+    /// its values are published (the `se.*` ones as not computed) and the kernel is warned about.
+    Warn,
+}
+
 /// Before the commit point: refuses an IBM SE install whose kernel has no valid SE header
-/// for a confidential target (a plain kernel does not start a protected guest), computes
-/// every target's values, and writes `reference-values.json` (and `se-header.bin`) into the
-/// version directory `dir` (node path `dir_path`). Returns what the state records.
-pub(crate) fn at_install(targets: &[Target<'_>], dir: &Dir, dir_path: &str) -> Result<Vec<PublishedRecord>> {
+/// for a confidential target (a plain kernel does not start a protected guest; `plain`),
+/// computes every target's values, and writes `reference-values.json` (and `se-header.bin`)
+/// into the version directory `dir` (node path `dir_path`). Returns what the state records.
+pub(crate) fn at_install(
+    targets: &[Target<'_>],
+    dir: &Dir,
+    dir_path: &str,
+    plain: PlainSeKernel,
+) -> Result<Vec<PublishedRecord>> {
     let mut header: Option<se::Header> = None;
     for t in targets.iter().filter(|t| t.provider == Provider::Se) {
         let Some(kernel) = &t.kernel else { continue };
@@ -143,6 +158,11 @@ pub(crate) fn at_install(targets: &[Target<'_>], dir: &Dir, dir_path: &str) -> R
                     header = Some(h);
                 }
             }
+            Err(e) if confidential(t) && plain == PlainSeKernel::Warn => tracing::warn!(
+                step = "attest",
+                runtime_config = %t.runtime_config,
+                "the installed kernel of a confidential IBM Secure Execution guest is not an SE image: {e:#}"
+            ),
             Err(e) if confidential(t) => bail!(
                 "refusing the IBM Secure Execution install for {}: its effective confidential_guest = true (set by \
                  {}), but {e:#}; nothing was installed",

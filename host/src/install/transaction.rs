@@ -86,7 +86,8 @@ impl Drop for Uncommitted<'_> {
 pub enum Outcome {
     /// Everything already matched: nothing was written.
     UpToDate(State),
-    /// The files were intact but drop-ins had drifted: these were rewritten from the state.
+    /// The files were intact but drop-ins had drifted (rewritten from the state), or the
+    /// installed version predates publishing and its reference values were written: what was done.
     Repaired(State, Vec<String>),
     /// A new version was committed.
     Installed(State),
@@ -358,7 +359,7 @@ impl<'a> Transaction<'a> {
         // 3. The reference values of what the commit will put in effect (an IBM SE kernel
         // without a header for a confidential guest is refused here), then the state.
         let mut st = self.new_state(&dir_name, report_digest, &files, &checked, records(&drop_ins, t), trust);
-        st.published = self.publish(&dir_name, &drop_ins, &st.files)?;
+        st.published = self.publish(&dir_name, &drop_ins, &st.files, attest::PlainSeKernel::Refuse)?;
         state::write(&t.addons, &st)?;
         // The state refers to the new directory now: a failed commit leaves it for the next run.
         work.keep_dir();
@@ -375,7 +376,13 @@ impl<'a> Transaction<'a> {
 
     /// Computes the reference values of the targets as the rendered drop-ins will leave
     /// them and writes them into the version directory `dir_name` (`docs/attestation.md`).
-    fn publish(&self, dir_name: &str, drop_ins: &[DropIn], files: &[FileRecord]) -> Result<Vec<PublishedRecord>> {
+    fn publish(
+        &self,
+        dir_name: &str,
+        drop_ins: &[DropIn],
+        files: &[FileRecord],
+        plain: attest::PlainSeKernel,
+    ) -> Result<Vec<PublishedRecord>> {
         let t = &self.target;
         let pending: Vec<attest::Pending<'_>> = drop_ins
             .iter()
@@ -390,7 +397,7 @@ impl<'a> Transaction<'a> {
             .collect();
         let targets = attest::pending_targets(&self.root, self.plan.provider, &pending, files)?;
         let dir = t.addons.open_dir(dir_name).with_context(|| format!("opening {INSTALL_DIR}/{dir_name}"))?;
-        let records = attest::at_install(&targets, &dir, &format!("{INSTALL_DIR}/{dir_name}"))?;
+        let records = attest::at_install(&targets, &dir, &format!("{INSTALL_DIR}/{dir_name}"), plain)?;
         node::fsync_dir(&dir)?;
         Ok(records)
     }
@@ -472,14 +479,38 @@ impl<'a> Transaction<'a> {
             what.push(why);
         }
         let obsolete = obsolete_drop_ins(old, &new_records);
+        // A version installed before kata-addons published reference values gets them now,
+        // for the drop-ins as this run leaves them (docs/attestation.md).
+        let published = if old.published.is_empty() {
+            node::ensure_writable(&t.addons, INSTALL_DIR)?;
+            let records = self.publish(&old.version_dir, &drop_ins, &old.files, attest::PlainSeKernel::Warn)?;
+            let mut st = old.clone();
+            st.published = records.clone();
+            what.push(format!(
+                "reference values published for the installed version (installed before kata-addons published them): {}",
+                published_summary(&st).unwrap_or_default()
+            ));
+            records
+        } else {
+            old.published.clone()
+        };
         if drifted.is_empty()
             && old.drop_ins == new_records
             && old.runtime_classes == super::target::plan_runtime_classes(plan)
         {
             let mut st = old.clone();
+            if what.is_empty() {
+                self.gc(&mut st)?;
+                tracing::info!(version = %old.version, digest = %old.manifest_digest, "up to date; nothing changed");
+                return Ok(Outcome::UpToDate(st));
+            }
+            st.published = published;
+            state::write(&t.addons, &st)?;
             self.gc(&mut st)?;
-            tracing::info!(version = %old.version, digest = %old.manifest_digest, "up to date; nothing changed");
-            return Ok(Outcome::UpToDate(st));
+            for w in &what {
+                tracing::info!(step = "attest", version = %st.version, "{w}");
+            }
+            return Ok(Outcome::Repaired(st, what));
         }
         for rec in &old.drop_ins {
             if !new_records.iter().any(|n| n.path == rec.path) {
@@ -497,6 +528,7 @@ impl<'a> Transaction<'a> {
         stage_drop_ins(t, &drifted, &mut work)?;
         let mut st = old.clone();
         st.drop_ins = new_records;
+        st.published = published;
         st.previous_drop_ins = obsolete;
         st.runtime_classes = super::target::plan_runtime_classes(plan).to_vec();
         state::write(&t.addons, &st)?;
