@@ -17,6 +17,7 @@
 //! - [`hostile`]: a raw tar writer for hostile layers and the catalogue `bench/hostile` measures;
 //! - [`hostile_gpt`]: `bench/hostile`'s install cases: measured disks with a hostile GPT header;
 //! - [`oras`]: a real ORAS client (the ORAS Python SDK) pushing OCI artifacts, indexes, layouts;
+//! - [`kata_deploy`]: kata-deploy's runtime-rs SEV-SNP configuration from Kata's real template;
 //! - [`ovmf`]: test firmware shaped like Kata's AMDSEV OVMF and `sev-snp-measure` as the oracle;
 //! - [`node`]: a throwaway node root with sample Kata configs, snapshots, effective config;
 //! - [`measure`]: run the binary and read its peak RSS and CPU time;
@@ -32,6 +33,7 @@ pub mod guests;
 pub mod hostile;
 pub mod hostile_gpt;
 pub mod image;
+pub mod kata_deploy;
 pub mod measure;
 pub mod node;
 pub mod oras;
