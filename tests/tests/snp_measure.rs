@@ -570,3 +570,28 @@ fn command_lines_and_counts_outside_what_qemu_measures_are_refused() {
     }
     assert!(vcpu_type("EPYC-v9").is_err());
 }
+
+#[test]
+fn every_count_continued_from_the_one_before_is_the_crates_own_digest_for_that_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Small inputs: this compares the VMSA pages, hashed once per count by the crate.
+    let mut small = Ovmf::amdsev(3);
+    small.size = 64 << 10;
+    let fw = Firmware::check(small.build()).expect("valid");
+    let kernel = open(&write(dir.path(), "vmlinuz", &random(16 << 10, 9)));
+    let initrd = open(&write(dir.path(), "initrd", &random(16 << 10, 10)));
+    for t in ["EPYC-v4", "EPYC-Milan"] {
+        let t = vcpu_type(t).expect("type");
+        let all: Vec<u32> = (1..=40).chain([64, 255]).collect();
+        let chained = launch_digests(&fw, &kernel, Some(&initrd), VERITY, t, &all).expect("digests");
+        for (n, d) in all.iter().zip(&chained) {
+            // One count alone: the crate measures its n VMSA pages itself.
+            let alone = launch_digests(&fw, &kernel, Some(&initrd), VERITY, t, &[*n]).expect("digest");
+            assert_eq!(&alone[0], d, "{n} vCPUs");
+        }
+        // Any order, repeats: each in its place.
+        let mixed = launch_digests(&fw, &kernel, Some(&initrd), VERITY, t, &[64, 2, 9, 2, 1]).expect("digests");
+        let at = |n: u32| chained[all.iter().position(|c| *c == n).expect("computed")].clone();
+        assert_eq!(mixed, vec![at(64), at(2), at(9), at(2), at(1)]);
+    }
+}

@@ -8,9 +8,12 @@
 //!
 //! Every input byte is hashed once for all counts: the crate measures the firmware pages,
 //! the metadata pages and the kernel-hashes page once (a call with 0 vCPUs, whose digest is
-//! the one every count continues from), then each count continues from that digest (the
-//! crate's `ovmf_hash_str` seed) over a firmware tail whose SEV metadata lists no section:
-//! only the VMSA pages are measured again, `n` pages for `n` vCPUs.
+//! the one every count continues from), then the smallest count continues from that digest
+//! (the crate's `ovmf_hash_str` seed) over a firmware tail whose SEV metadata lists no
+//! section: only its VMSA pages are measured. Each larger count continues from the digest
+//! of the count before it over the application processors' VMSA pages it adds (the VMSA
+//! pages are measured last, the bootstrap processor's first, and every AP's page is the
+//! same), so `n` vCPUs cost one page update each, not `n`: see [`extend_aps`].
 //!
 //! The firmware file is hostile: it is read with a size cap, and [`Firmware::check`] checks
 //! every offset and size the crate's OVMF parser and page updates rely on (they index and
@@ -21,9 +24,11 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
+use sev::measurement::ovmf::OVMF;
 use sev::measurement::snp::{SnpMeasurementArgs, snp_calc_launch_digest};
 use sev::measurement::vcpu_types::CpuType;
-use sev::measurement::vmsa::{GuestFeatures, VMMType};
+use sev::measurement::vmsa::{GuestFeatures, VMMType, VMSA};
+use sha2::{Digest, Sha384};
 
 use super::cmdline::{self, Runtime};
 use super::{Provenance, RefValue, Target, Value};
@@ -307,14 +312,62 @@ pub fn launch_digests(
     })
     .map_err(failed)?
     .get_hex_ld();
-    counts
-        .iter()
-        .map(|n| {
-            snp_calc_launch_digest(SnpMeasurementArgs { ovmf_hash_str: Some(&prefix), ..args(*n, tail_path.clone()) })
-                .map(|d| d.get_hex_ld())
-                .map_err(failed)
-        })
-        .collect()
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let (Some(&first), Some(&last)) = (sorted.first(), sorted.last()) else {
+        return Ok(Vec::new());
+    };
+    // The smallest count from the crate; the APs' VMSA page as the crate builds it.
+    let start =
+        snp_calc_launch_digest(SnpMeasurementArgs { ovmf_hash_str: Some(&prefix), ..args(first, tail_path.clone()) })
+            .map_err(failed)?
+            .get_hex_ld();
+    let ap_eip = OVMF::new(tail_path).and_then(|o| Ok(o.sev_es_reset_eip()?)).map_err(failed)?;
+    let pages = VMSA::new(ap_eip.into(), vcpu, VMMType::QEMU, Some(u64::from(last)), GuestFeatures(1))
+        .pages(2)
+        .map_err(failed)?;
+    let ap = pages.get(1).ok_or("the firmware has no SEV-ES reset address for the application processors")?;
+    let mut ld = from_hex(&start)?;
+    let mut at = first;
+    let mut digests = Vec::with_capacity(sorted.len());
+    for n in sorted {
+        ld = extend_aps(ld, ap, n - at);
+        at = n;
+        digests.push((n, hex::encode(ld)));
+    }
+    Ok(counts.iter().filter_map(|n| digests.iter().find(|(c, _)| c == n).map(|(_, d)| d.clone())).collect())
+}
+
+/// A launch digest from the crate's hex.
+fn from_hex(text: &str) -> Result<[u8; 48], String> {
+    let mut out = [0u8; 48];
+    hex::decode_to_slice(text, &mut out)
+        .map_err(|e| format!("the launch digest {text:?} is not 48 bytes of hex: {e}"))?;
+    Ok(out)
+}
+
+/// The launch digest `ld` continued over `count` more VMSA pages `page`: each is the
+/// SEV-SNP firmware's `SNP_LAUNCH_UPDATE` of a VMSA page, `ld = SHA-384(PAGE_INFO)` with
+/// PAGE_INFO = the digest so far, SHA-384 of the page, its length 0x70, page type 2 (VMSA),
+/// no IMI, no VMPL permissions, and the VMSA's GPA (AMD SEV-SNP firmware ABI, `PAGE_INFO`;
+/// the `sev` crate's `Gctx::update_page`, whose digest the crate does not expose between
+/// pages). `tests/tests/snp_measure.rs` checks it against `sev-snp-measure` and the unit
+/// tests against the crate's own per-count digest.
+fn extend_aps(mut ld: [u8; 48], page: &[u8], count: u32) -> [u8; 48] {
+    /// The GPA the VMSA page is recorded at: (u64)-1, page-aligned, bits above 51 clear.
+    const VMSA_GPA: u64 = 0xFFFF_FFFF_F000;
+    let page_hash = Sha384::digest(page);
+    for _ in 0..count {
+        let mut info = [0u8; 0x70];
+        info[..48].copy_from_slice(&ld);
+        info[48..96].copy_from_slice(&page_hash);
+        info[96..98].copy_from_slice(&0x70u16.to_le_bytes());
+        info[98] = 2;
+        info[104..].copy_from_slice(&VMSA_GPA.to_le_bytes());
+        ld.copy_from_slice(&Sha384::digest(info));
+    }
+    ld
 }
 
 /// The reference value's name, as Trustee's default SNP policy names it.
