@@ -17,6 +17,7 @@ pub mod fetch;
 pub mod hash;
 mod install;
 pub mod kata_config;
+pub mod kata_release;
 pub mod layout;
 mod lock;
 pub mod logging;

@@ -182,6 +182,12 @@ impl NodeFs {
         Ok(Some(file))
     }
 
+    /// Opens a regular file for reading, for a caller that bounds what it reads itself;
+    /// `None` when it does not exist.
+    pub(crate) fn open_file(&self, path: &FilePath) -> Result<Option<std::fs::File>> {
+        self.open_regular(path)
+    }
+
     /// Reads a regular file of at most `cap` bytes; `None` when it does not exist.
     pub(crate) fn read(&self, path: &FilePath, cap: u64) -> Result<Option<Vec<u8>>> {
         let Some(file) = self.open_regular(path)? else { return Ok(None) };

@@ -134,6 +134,31 @@ pub(crate) struct State {
     /// `se-header.bin`; see `docs/attestation.md`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub published: Vec<PublishedRecord>,
+    /// The node's Kata release when the addon was installed, and the `kataVersion` checked
+    /// against it (docs/design.md#node-kata-release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kata: Option<KataRecord>,
+}
+
+/// The node's Kata release an install saw and the `kataVersion` it checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct KataRecord {
+    /// The node's Kata release as printed (`kata-containers 3.25.0-6.el9 (RPM database …)`).
+    pub node: String,
+    /// `kataVersion`'s version, when the key was set (and so checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `kataVersion`'s release, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
+}
+
+impl KataRecord {
+    /// The `kataVersion` that was checked, if any.
+    pub(crate) fn wanted(&self) -> Option<crate::kata_release::Wanted> {
+        Some(crate::kata_release::Wanted { version: self.version.clone()?, release: self.release.clone() })
+    }
 }
 
 /// What the image trust policy decided about an installed image.
@@ -271,6 +296,7 @@ impl StateV1 {
             trust: None,
             runtime_classes: Vec::new(),
             published: Vec::new(),
+            kata: None,
         }
     }
 }
@@ -281,6 +307,9 @@ impl State {
     pub(crate) fn validate(&self) -> Result<()> {
         use validate::{check_drop_in_path, check_file_path, check_runtime_config, check_version_dir};
         check_version_dir("versionDir", &self.version_dir)?;
+        if let Some(k) = &self.kata {
+            validate::check_kata(k)?;
+        }
         for (i, d) in self.previous_dirs.iter().enumerate() {
             check_version_dir(&format!("previousDirs[{i}]"), d)?;
         }

@@ -58,15 +58,20 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let policy = g.load_policy()?;
             let selection = layout.selection();
             let (_, plan) = plan::of(&policy, &input, &selection.kata_prefix)?;
-            let outcome = runtime()?.block_on(install::install(
+            let mut obs = install::Observed::default();
+            let outcome = runtime()?.block_on(install::install_observed(
                 &policy,
                 &plan,
                 &pull,
                 &node.site(),
                 &selection,
                 install::Pin::Reference,
+                &mut obs,
             ))?;
             print_install(&outcome);
+            if let Some(k) = &obs.kata_release {
+                println!("  kata    {k}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Uninstall { node, layout, force } => {
@@ -258,7 +263,10 @@ fn print_status(st: &install::Status, daemon: Option<&[String]>, output: StatusF
             println!("{}", serde_json::to_string_pretty(&v).context("serialising status")?);
         }
         StatusFormat::Text => match &st.state {
-            None => println!("nothing installed"),
+            None => {
+                println!("nothing installed");
+                println!("  kata    {}", st.kata_release);
+            }
             Some(s) => {
                 println!("installed: {} {} ({}) for provider {}", s.image, s.version, s.manifest_digest, s.provider);
                 for f in &s.files {
@@ -271,6 +279,12 @@ fn print_status(st: &install::Status, daemon: Option<&[String]>, output: StatusF
                     println!("  trust   {}", t.summary());
                 }
                 print_published(s);
+                println!("  kata    {}", st.kata_release);
+                if let Some(k) = &s.kata
+                    && let Some(w) = k.wanted()
+                {
+                    println!("  kataVersion {w}: checked at install against {}", k.node);
+                }
                 for e in &st.effective {
                     println!("  effective [{}] of {}:", e.table, e.runtime_config);
                     for (k, v) in [("kernel", &e.kernel), ("initrd", &e.initrd), ("image", &e.image)] {

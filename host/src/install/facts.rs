@@ -49,4 +49,6 @@ pub struct Observed {
     /// Out: where the reference values are and what they hold (`docs/attestation.md`),
     /// after a successful install.
     pub attest: Option<String>,
+    /// Out: the node's Kata release as the install read it (docs/design.md#node-kata-release).
+    pub kata_release: Option<String>,
 }

@@ -19,5 +19,5 @@ pub mod uninstall;
 pub use facts::{FileFacts, Observed};
 pub(crate) use integrity::describe as describe_record;
 pub use status::{Depth, Status, recorded_state, status};
-pub use transaction::{Outcome, Pin, install, install_observed};
+pub use transaction::{Outcome, Pin, install_observed};
 pub use uninstall::{Uninstalled, uninstall};

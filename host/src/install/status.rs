@@ -21,6 +21,9 @@ pub struct Status {
     /// The boot paths Kata will use, per recorded runtime configuration, after merging
     /// the main file and every `config.d` fragment in order.
     pub effective: Vec<Effective>,
+    /// The node's Kata release now (docs/design.md#node-kata-release), printed whether or
+    /// not a `kataVersion` was checked.
+    pub kata_release: String,
 }
 
 /// The effective boot paths of one runtime configuration.
@@ -150,10 +153,22 @@ pub enum Depth {
 /// the configuration its drop-in was written for.
 pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
     let root = Root::open(&site.root)?;
-    let nothing = || Status { state: None, problems: vec![], effective: vec![] };
+    let kata_now = crate::kata_release::observe(&site.root, kata_addons_facts::DEFAULT_KATA_PREFIX);
+    let kata_release = match &kata_now {
+        Ok(n) => n.to_string(),
+        Err(e) => format!("unreadable: {e}"),
+    };
+    let nothing = || Status { state: None, problems: vec![], effective: vec![], kata_release: kata_release.clone() };
     let Some(addons) = open_addons(&root)? else { return Ok(nothing()) };
     let Some(st) = state::read(&addons)? else { return Ok(nothing()) };
     let mut problems = Vec::new();
+    // The node's Kata changed under an addon installed for another release.
+    if let Some(w) = st.kata.as_ref().and_then(crate::state::KataRecord::wanted)
+        && let Err(why) = crate::kata_release::check(&w, &kata_now)
+    {
+        let then = st.kata.as_ref().map(|k| k.node.as_str()).unwrap_or_default();
+        problems.push(format!("{why} (installed when the node had {then})"));
+    }
     let hashed = |path: &str, expected: &str| match node::hash_file(root.dir(), &node::rel_path(path)) {
         Ok(Some((sha, _))) if sha == expected => None,
         Ok(Some((sha, _))) => Some(format!("{path}: sha256 {sha}, expected {expected}")),
@@ -199,5 +214,5 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
     let handlers: Vec<(String, String)> =
         st.drop_ins.iter().filter_map(|d| Some((d.handler.clone()?, d.runtime_config.clone()))).collect();
     problems.extend(kata_config::drift(&root, &handlers, Tee::of(st.provider))?);
-    Ok(Status { state: Some(st), problems, effective })
+    Ok(Status { state: Some(st), problems, effective, kata_release })
 }

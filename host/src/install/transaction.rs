@@ -23,12 +23,13 @@ use crate::attest::publish as attest;
 use crate::fetch::{Pull, PullOptions, Wanted};
 use crate::hash::sha256_hex;
 use crate::kata_config::Selection;
+use crate::kata_release;
 use crate::layout;
 use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
 use crate::policy::{DropIn, Plan, Policy};
 use crate::source::ImageRef;
-use crate::state::{self, DropInRecord, FileRecord, PublishedRecord, State, TrustRecord};
+use crate::state::{self, DropInRecord, FileRecord, KataRecord, PublishedRecord, State, TrustRecord};
 
 /// Work of one install not committed yet: the staging (then version) directory in the
 /// install directory and the temporary drop-ins beside runtime configurations. Dropping
@@ -197,20 +198,9 @@ pub enum Pin {
     Recorded,
 }
 
-/// Installs (or confirms, or repairs) the addon described by `plan` on the node.
-pub async fn install(
-    policy: &Policy,
-    plan: &Plan,
-    opts: &PullOptions,
-    site: &Site,
-    selection: &Selection,
-    pin: Pin,
-) -> Result<Outcome> {
-    install_observed(policy, plan, opts, site, selection, pin, &mut Observed::default()).await
-}
-
-/// [`install`], trusting the files of `obs.facts` whose metadata did not change (the
-/// daemon's checks) and reporting the digest and the files known intact in `obs`.
+/// Installs (or confirms, or repairs) the addon described by `plan` on the node, trusting
+/// the files of `obs.facts` whose metadata did not change (the daemon's checks) and
+/// reporting the digest, the files known intact and the node's Kata release in `obs`.
 pub async fn install_observed(
     policy: &Policy,
     plan: &Plan,
@@ -225,12 +215,16 @@ pub async fn install_observed(
     obs.attest = None;
     let started = Instant::now();
     let root = Root::open(&site.root)?;
+    // The node's Kata release, and `kataVersion` checked against it before anything else
+    // (docs/design.md#node-kata-release): a mismatch leaves the node as it is.
+    let kata = kata_check(plan, site, selection)?;
+    obs.kata_release = Some(kata.node.clone());
     // Image trust first (docs/registries-and-trust.md): nothing is written on the node for an image the policy
     // refuses. A policy that needs signatures is checked on the resolved digest now.
     let mut image = image_ref(plan);
     let pull = Pull::new(opts);
     pull.admit(&image).await?;
-    let tx = Transaction::begin(policy, plan, root, site, selection).await?;
+    let tx = Transaction::begin(policy, plan, root, site, selection, kata).await?;
     let recorded = tx.old.as_ref().filter(|o| pin == Pin::Recorded && same_request(plan, &o.manifest_digest, o));
     // Drift repair restores the recorded digest (trusted when it was installed).
     if let (Some(o), ImageRef::Registry { digest, .. }) = (recorded, &mut image) {
@@ -292,6 +286,8 @@ struct Transaction<'a> {
     /// Directories this install created (the install directory on a fresh node): removed
     /// again unless a state is written into them.
     created: node::Created,
+    /// The node's Kata release and the `kataVersion` checked, for the new state.
+    kata: KataRecord,
     _lock: lock::NodeLock,
 }
 
@@ -304,6 +300,7 @@ impl<'a> Transaction<'a> {
         root: Root,
         site: &Site,
         selection: &Selection,
+        kata: KataRecord,
     ) -> Result<Transaction<'a>> {
         let lock = lock_node(&root, site.lock_timeout).await?;
         let existing = open_dir_if_exists(&root, INSTALL_DIR)?;
@@ -326,7 +323,7 @@ impl<'a> Transaction<'a> {
                 "resolved runtime config"
             );
         }
-        Ok(Transaction { policy, plan, root, target, old, known, created, _lock: lock })
+        Ok(Transaction { policy, plan, root, target, old, known, created, kata, _lock: lock })
     }
 
     /// The switch to a new version: stage, render, state, commit, collect.
@@ -452,6 +449,7 @@ impl<'a> Transaction<'a> {
             trust: Some(trust),
             runtime_classes: super::target::plan_runtime_classes(plan).to_vec(),
             published: Vec::new(),
+            kata: Some(self.kata.clone()),
         }
     }
 
@@ -628,13 +626,38 @@ fn pick_dir_name(addons: &Dir, plan: &Plan, digest: &str, old: Option<&State>) -
 }
 
 /// The state records exactly what `plan` asks for at `digest`: same image, version,
-/// provider and artifacts (drop-ins are checked separately).
+/// provider, artifacts and checked `kataVersion` (drop-ins are checked separately).
 fn same_request(plan: &Plan, digest: &str, st: &State) -> bool {
     st.manifest_digest == digest
         && st.image == plan.image
         && st.version == plan.version
         && st.provider == plan.provider
         && st.files.len() == plan.artifacts.len()
+        && st.kata.as_ref().and_then(KataRecord::wanted) == wanted_kata(plan)
+}
+
+/// The plan's `kataVersion`, if any.
+fn wanted_kata(_plan: &Plan) -> Option<kata_release::Wanted> {
+    None
+}
+
+/// Reads the node's Kata release and checks the plan's `kataVersion` against it: the
+/// record for the state, or the one-line refusal.
+fn kata_check(plan: &Plan, site: &Site, selection: &Selection) -> Result<KataRecord> {
+    let node = kata_release::observe(&site.root, &selection.kata_prefix);
+    let shown = match &node {
+        Ok(n) => n.to_string(),
+        Err(e) => format!("unreadable: {e}"),
+    };
+    let wanted = wanted_kata(plan);
+    if let Some(w) = &wanted {
+        kata_release::check(w, &node).map_err(anyhow::Error::msg)?;
+    }
+    Ok(KataRecord {
+        node: shown,
+        version: wanted.as_ref().map(|w| w.version.clone()),
+        release: wanted.and_then(|w| w.release),
+    })
 }
 
 /// `None` when every recorded file is where the plan puts it with the recorded (and

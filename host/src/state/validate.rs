@@ -31,6 +31,28 @@ pub(crate) const START_OVER: &str = "inspect and repair it, or remove it and run
     carrying kata-addons' header at <runtime config dir>/config.d/50-kata-addons.toml of every known runtime \
     configuration and the version directories under /etc/kata-containers/addons";
 
+/// Longest text accepted in the recorded Kata release fields.
+const MAX_KATA_TEXT: usize = 1024;
+
+/// The recorded Kata release: short printable text only (it is printed by `status`), a
+/// `kataVersion` in the RPM version and release grammar (`[A-Za-z0-9._+~^]`).
+pub(crate) fn check_kata(k: &crate::state::KataRecord) -> Result<()> {
+    if k.node.len() > MAX_KATA_TEXT || k.node.chars().any(char::is_control) {
+        return Err(refuse("kata.node", &k.node, "is not a short line of printable text"));
+    }
+    for (field, v) in [("kata.version", &k.version), ("kata.release", &k.release)] {
+        if let Some(v) = v
+            && (v.is_empty() || v.len() > 128 || !v.chars().all(|c| c.is_ascii_alphanumeric() || "._+~^".contains(c)))
+        {
+            return Err(refuse(field, v, "is not an RPM version or release ([A-Za-z0-9._+~^], at most 128)"));
+        }
+    }
+    if k.version.is_none() && k.release.is_some() {
+        return Err(refuse("kata.release", k.release.as_deref().unwrap_or_default(), "is set without kata.version"));
+    }
+    Ok(())
+}
+
 fn refuse(field: &str, value: &str, why: &str) -> anyhow::Error {
     let shown: String = value.chars().take(200).collect();
     anyhow!(
