@@ -13,6 +13,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use cap_std::fs::Dir;
 
 use crate::extract::{self, Limits, TempFiles, check_wanted_path};
+use crate::source::containerd_pull::CtdSource;
 use crate::source::endpoints::{Endpoint, NodeConfig};
 use crate::source::layout::LayoutSource;
 use crate::source::registry::RegistryClient;
@@ -82,6 +83,8 @@ pub struct Pull<'a> {
     failed: Mutex<HashMap<String, String>>,
     /// When the pull must have ended (`--pull-deadline` after its first registry step).
     deadline: OnceLock<tokio::time::Instant>,
+    /// containerd nodes: the hosts of each `registry/repository`, connected on first use.
+    containerd: Mutex<HashMap<String, Arc<CtdSource>>>,
 }
 
 /// The key of an endpoint in [`Pull`]'s maps.
@@ -101,6 +104,7 @@ impl<'a> Pull<'a> {
             resolved: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashMap::new()),
             deadline: OnceLock::new(),
+            containerd: Mutex::new(HashMap::new()),
         }
     }
 
@@ -180,6 +184,31 @@ impl<'a> Pull<'a> {
         Ok(self.config.get_or_init(|| c).clone())
     }
 
+    /// The retry budget of this pull.
+    fn budget(&self) -> Arc<RetryBudget> {
+        let opts = &self.opts.registry;
+        let deadline = self.deadline();
+        self.budget
+            .get_or_init(|| Arc::new(RetryBudget::with_deadline(opts.retry.clone(), deadline, opts.pull_deadline)))
+            .clone()
+    }
+
+    /// The containerd hosts of `registry/repository` (kept for the whole pull).
+    fn containerd_source(&self, config: &Arc<NodeConfig>, registry: &str, repository: &str) -> Result<Arc<CtdSource>> {
+        let key = format!("{registry}/{repository}");
+        if let Some(s) = self.containerd.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(s);
+        }
+        let eps = config.endpoints(registry, repository, false)?;
+        let src = Arc::new(CtdSource::new(eps, &self.opts.registry, config.clone(), self.budget()));
+        let why = config.containerd.as_ref().map(|c| c.why.as_str()).unwrap_or_default();
+        tracing::info!("{key}: containerd hosts ({why}), in order: {}", src.describe_hosts().join(", "));
+        if let Ok(mut m) = self.containerd.lock() {
+            m.insert(key, src.clone());
+        }
+        Ok(src)
+    }
+
     /// An authenticated client for `ep`, connecting on first use.
     async fn client(&self, ep: &Endpoint) -> Result<Arc<RegistryClient>> {
         let key = endpoint_key(ep);
@@ -193,11 +222,7 @@ impl<'a> Pull<'a> {
         let tls = config.tls_for(ep)?;
         let auth = config.auth_for(ep)?;
         let opts = &self.opts.registry;
-        let deadline = self.deadline();
-        let budget = self
-            .budget
-            .get_or_init(|| Arc::new(RetryBudget::with_deadline(opts.retry.clone(), deadline, opts.pull_deadline)))
-            .clone();
+        let budget = self.budget();
         let client = Arc::new(RegistryClient::connect(opts, ep, &tls, auth, budget).await?);
         if let Ok(mut m) = self.clients.lock() {
             m.insert(key, client.clone());
@@ -276,6 +301,12 @@ impl<'a> Pull<'a> {
             }
             ImageRef::Registry { registry, repository, tag, digest } => {
                 let config = self.config()?;
+                if config.containerd.is_some() {
+                    let src = self.containerd_source(&config, registry, repository)?;
+                    let (resolved, client) = src.resolve_image(tag.as_deref(), digest.as_deref()).await?;
+                    let trust = self.check_trust(image, &resolved, trust::Origin::Registry(&client)).await?;
+                    return Ok((f(Box::new(src), resolved).await?, trust));
+                }
                 let mut mirror_errors = Vec::new();
                 for ep in config.endpoints(registry, repository, digest.is_some())? {
                     if let Some(d) = &ep.decided_by {

@@ -285,6 +285,9 @@ fn print_status(st: &install::Status, daemon: Option<&[String]>, output: StatusF
                 {
                     println!("  kataVersion {w}: checked at install against {}", k.node);
                 }
+                for l in &st.registry {
+                    println!("  registry {l}");
+                }
                 for e in &st.effective {
                     println!("  effective [{}] of {}:", e.table, e.runtime_config);
                     for (k, v) in [("kernel", &e.kernel), ("initrd", &e.initrd), ("image", &e.image)] {

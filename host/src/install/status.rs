@@ -24,6 +24,9 @@ pub struct Status {
     /// The node's Kata release now (docs/design.md#node-kata-release), printed whether or
     /// not a `kataVersion` was checked.
     pub kata_release: String,
+    /// Which registry configuration the node uses for the installed image and, on a
+    /// containerd node, its hosts in order (`status` only, not the readiness probe).
+    pub registry: Vec<String>,
 }
 
 /// The effective boot paths of one runtime configuration.
@@ -158,7 +161,13 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
         Ok(n) => n.to_string(),
         Err(e) => format!("unreadable: {e}"),
     };
-    let nothing = || Status { state: None, problems: vec![], effective: vec![], kata_release: kata_release.clone() };
+    let nothing = || Status {
+        state: None,
+        problems: vec![],
+        effective: vec![],
+        kata_release: kata_release.clone(),
+        registry: vec![],
+    };
     let Some(addons) = open_addons(&root)? else { return Ok(nothing()) };
     let Some(st) = state::read(&addons)? else { return Ok(nothing()) };
     let mut problems = Vec::new();
@@ -214,5 +223,9 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
     let handlers: Vec<(String, String)> =
         st.drop_ins.iter().filter_map(|d| Some((d.handler.clone()?, d.runtime_config.clone()))).collect();
     problems.extend(kata_config::drift(&root, &handlers, Tee::of(st.provider))?);
-    Ok(Status { state: Some(st), problems, effective, kata_release })
+    let registry = match artifacts {
+        Depth::Hash => crate::source::containerd_pull::status_lines(&site.root, &st.image),
+        Depth::Size => Vec::new(),
+    };
+    Ok(Status { state: Some(st), problems, effective, kata_release, registry })
 }

@@ -22,7 +22,7 @@ pub(crate) use files::{CONFIG_D, Fragment, Setting, effective, effective_value, 
 pub use files::{RuntimeConfig, Selection};
 pub(crate) use load::check as check_loads;
 pub use runtime_class::{Chosen, Target, Tee, config_paths, discover, drift, resolve};
-pub(crate) use runtime_class::{read_cri_configs, watched_dirs};
+pub(crate) use runtime_class::{containerd_registry, read_cri_configs, watched_dirs};
 
 /// One runtime configuration a plan installs for, with what `render` is told of it.
 pub(crate) struct Found {

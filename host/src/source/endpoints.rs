@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 
 use super::auth::{AuthLookup, AuthSources};
 use super::certs::{CertSources, HostTls};
+use super::containerd_hosts::{ContainerdRegistry, CtdHost, is_proxy};
 use super::paths;
 use super::registries_conf::RegistriesConf;
 use crate::nodefs::{FilePath, Kind, NodeFs};
@@ -56,6 +57,9 @@ pub(crate) struct NodeConfig {
     pub auth: AuthSources,
     /// `--insecure-registry` hosts.
     pub insecure_registries: Vec<String>,
+    /// On a node whose Kata handlers containerd serves: its hosts directories (used instead
+    /// of registries.conf and certs.d, never merged with them).
+    pub containerd: Option<ContainerdRegistry>,
 }
 
 /// One place to pull from.
@@ -74,6 +78,11 @@ pub(crate) struct Endpoint {
     pub decided_by: Option<String>,
     /// Set when this endpoint must not be contacted: the entry that blocks it.
     pub blocked_by: Option<String>,
+    /// On a containerd node: the `hosts.toml` host (scheme, path, TLS, headers).
+    pub ctd: Option<Box<CtdHost>>,
+    /// On a containerd node: the `ns` query parameter sent to a host that is not the
+    /// registry itself (containerd's `addNamespace`).
+    pub ns: Option<String>,
 }
 
 impl Endpoint {
@@ -113,9 +122,17 @@ impl NodeFiles {
             let dirs: Vec<FilePath> = self.cert_dirs.iter().cloned().map(FilePath::Local).collect();
             CertSources { fs: fs.clone(), per_host: dirs.clone(), global: dirs, bundle }
         };
-        let mut auth = AuthSources::new(fs, self.auth_file.as_deref(), FilePath::node(paths::PULL_SECRET));
+        let mut auth = AuthSources::new(fs.clone(), self.auth_file.as_deref(), FilePath::node(paths::PULL_SECRET));
         auth.conf_helpers = registries.credential_helpers().map(|(h, p)| (h.to_vec(), p.to_path_buf()));
-        Ok(NodeConfig { registries, certs, auth, insecure_registries: self.insecure_registries.clone() })
+        // A flag naming CRI-O's files (or `--insecure-registry`, a registries.conf setting)
+        // means those files, never containerd's hosts.toml.
+        let crio_flags = self.registries_conf.is_some()
+            || self.registries_conf_dir.is_some()
+            || !self.cert_dirs.is_empty()
+            || !self.insecure_registries.is_empty();
+        let containerd =
+            if crio_flags { None } else { super::containerd_hosts::choose(&fs, &self.root, node_bundle(&fs)?)? };
+        Ok(NodeConfig { registries, certs, auth, insecure_registries: self.insecure_registries.clone(), containerd })
     }
 }
 
@@ -134,6 +151,25 @@ impl NodeConfig {
     /// The endpoints to try for `registry/repository`, in order (mirrors, then the source).
     /// A blocked endpoint is listed with `blocked_by` set (it fails without being contacted).
     pub(crate) fn endpoints(&self, registry: &str, repository: &str, by_digest: bool) -> Result<Vec<Endpoint>> {
+        if let Some(c) = &self.containerd {
+            let hosts = c.hosts(registry)?;
+            let n = hosts.len();
+            // Every host but the last counts as a mirror for retries and messages.
+            return Ok(hosts
+                .into_iter()
+                .enumerate()
+                .map(|(i, h)| Endpoint {
+                    host: h.host.clone(),
+                    repository: repository.to_string(),
+                    insecure: false,
+                    mirror: i + 1 < n,
+                    decided_by: Some(h.from.clone()),
+                    blocked_by: None,
+                    ns: is_proxy(registry, &h.host).then(|| registry.to_string()),
+                    ctd: Some(Box::new(h)),
+                })
+                .collect());
+        }
         let (sources, entry) = self.registries.pull_sources(registry, repository, by_digest)?;
         let decided_by = entry.map(|e| e.describe());
         let mut out = Vec::new();
@@ -153,6 +189,8 @@ impl NodeConfig {
                 mirror: s.mirror,
                 decided_by: decided_by.clone(),
                 blocked_by,
+                ctd: None,
+                ns: None,
             });
         }
         Ok(out)
@@ -160,6 +198,9 @@ impl NodeConfig {
 
     /// TLS material for an endpoint's host.
     pub(crate) fn tls_for(&self, ep: &Endpoint) -> Result<HostTls> {
+        if let (Some(c), Some(h)) = (&self.containerd, &ep.ctd) {
+            return c.tls_for(h);
+        }
         self.certs.for_host(&ep.host)
     }
 

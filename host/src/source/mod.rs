@@ -9,6 +9,8 @@ pub(crate) mod artifact;
 pub(crate) mod auth;
 pub(crate) mod blobhash;
 pub(crate) mod certs;
+pub(crate) mod containerd_hosts;
+pub(crate) mod containerd_pull;
 pub(crate) mod endpoints;
 pub(crate) mod http;
 pub(crate) mod image;

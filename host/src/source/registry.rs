@@ -173,11 +173,16 @@ impl RegistryClient {
 
     /// Opens a layer blob for streaming.
     pub(crate) fn open_blob(self: &Arc<Self>, desc: &Descriptor) -> RegistryBlob {
+        self.open_blob_at(desc, 0)
+    }
+
+    /// Opens a layer blob for streaming from byte `offset` on (another host took the rest).
+    pub(crate) fn open_blob_at(self: &Arc<Self>, desc: &Descriptor, offset: u64) -> RegistryBlob {
         RegistryBlob {
             url: self.session.url(&format!("blobs/{}", desc.digest)),
             client: self.clone(),
             digest: desc.digest.clone(),
-            offset: 0,
+            offset,
             skip: 0,
             stream: None,
             failures: 0,

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, anyhow, bail};
 
 use super::auth::AuthLookup;
 use super::certs::HostTls;
+use super::containerd_hosts::CtdHost;
 use super::endpoints::Endpoint;
 use super::http;
 use super::options::RegistryOptions;
@@ -34,13 +35,32 @@ pub(crate) struct Session {
     bearer: RwLock<Option<String>>,
     opts: RegistryOptions,
     retries: Retries,
+    /// API root path (`/v2`; a containerd host may set another).
+    api: String,
+    /// `?ns=…` appended to every registry URL (a containerd mirror), or empty.
+    query: String,
 }
 
 /// Largest token endpoint response read.
 const MAX_TOKEN_RESPONSE: u64 = 1 << 20;
 
-fn build_client(opts: &RegistryOptions, tls: &HostTls, skip_verify: bool, what: &str) -> Result<reqwest::Client> {
+fn build_client(
+    opts: &RegistryOptions,
+    tls: &HostTls,
+    skip_verify: bool,
+    headers: &[(String, String)],
+    what: &str,
+) -> Result<reqwest::Client> {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (k, v) in headers {
+        let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+            .with_context(|| format!("{what}: invalid header name {k:?}"))?;
+        let value = reqwest::header::HeaderValue::from_str(v)
+            .with_context(|| format!("{what}: invalid value of header {k:?}"))?;
+        map.append(name, value);
+    }
     let mut b = reqwest::Client::builder()
+        .default_headers(map)
         .read_timeout(opts.timeout)
         .connect_timeout(super::retry::connect_timeout(opts.timeout))
         .redirect(reqwest::redirect::Policy::limited(5))
@@ -103,8 +123,13 @@ fn parse_challenge(h: &str) -> Option<Scheme> {
 }
 
 /// `GET base/v2/`: the status (200 or 401) and the auth challenge.
-async fn ping_once(client: &reqwest::Client, base: &str) -> std::result::Result<(u16, Option<Scheme>), Failure> {
-    let url = format!("{base}/v2/");
+async fn ping_once(
+    client: &reqwest::Client,
+    base: &str,
+    api: &str,
+    lenient: bool,
+) -> std::result::Result<(u16, Option<Scheme>), Failure> {
+    let url = format!("{base}{api}/");
     let resp = client.get(&url).send().await.map_err(|e| {
         // A certificate the verifier refuses, or a handshake the server refuses (no or a bad
         // client certificate), will not get better by retrying.
@@ -119,6 +144,10 @@ async fn ping_once(client: &reqwest::Client, base: &str) -> std::result::Result<
         }
     })?;
     let status = resp.status();
+    if lenient && status.as_u16() != 401 && !super::retry::transient_status(status) {
+        // containerd never pings: a host with a path of its own may not answer there.
+        return Ok((200, None));
+    }
     if status.as_u16() != 200 && status.as_u16() != 401 {
         return Err(status_failure(status, resp.headers(), anyhow!("{url}: HTTP {status}")));
     }
@@ -144,8 +173,11 @@ impl Session {
     ) -> Result<Self> {
         let what = format!("registry {}", endpoint.name());
         let retries = Retries::new(budget, endpoint.mirror);
+        if let Some(h) = &endpoint.ctd {
+            return Self::connect_containerd(opts, endpoint, h, tls, auth, retries).await;
+        }
         let host = api_host(&endpoint.host);
-        let verified = build_client(opts, tls, endpoint.insecure, &what)?;
+        let verified = build_client(opts, tls, endpoint.insecure, &[], &what)?;
         let https = format!("https://{host}");
         if opts.proxy.is_set() {
             let route = |base: &str| {
@@ -160,7 +192,7 @@ impl Session {
         let (http, base, (status, challenge)) = if endpoint.insecure {
             // containers/image: an insecure registry is pinged over HTTPS without
             // verification once, then over plain HTTP.
-            let first = match tokio::time::timeout(opts.timeout, ping_once(&verified, &https)).await {
+            let first = match tokio::time::timeout(opts.timeout, ping_once(&verified, &https, "/v2", false)).await {
                 Ok(Ok(r)) => Ok(r),
                 Ok(Err(f)) => Err(f.into_inner()),
                 Err(_) => Err(timed_out(opts.timeout)),
@@ -175,7 +207,7 @@ impl Session {
                     // client would cost ~10-20 ms on every pull.
                     let base = format!("http://{host}");
                     let r = with_retry(&retries, opts.timeout, &format!("{what}: ping {base}/v2/"), || {
-                        ping_once(&verified, &base)
+                        ping_once(&verified, &base, "/v2", false)
                     })
                     .await
                     .map_err(|e2| e2.context(format!("HTTPS failed too: {e:#}")))?;
@@ -184,7 +216,7 @@ impl Session {
             }
         } else {
             let r = with_retry(&retries, opts.timeout, &format!("{what}: ping {https}/v2/"), || {
-                ping_once(&verified, &https)
+                ping_once(&verified, &https, "/v2", false)
             })
             .await?;
             (verified, https, r)
@@ -203,6 +235,54 @@ impl Session {
             bearer: RwLock::new(None),
             opts: opts.clone(),
             retries,
+            api: "/v2".to_string(),
+            query: String::new(),
+        };
+        me.authenticate().await?;
+        Ok(me)
+    }
+
+    /// Connects to a containerd `hosts.toml` host: its scheme only (no HTTP fallback),
+    /// `skip_verify`, its API path, headers and `ns` parameter.
+    async fn connect_containerd(
+        opts: &RegistryOptions,
+        endpoint: &Endpoint,
+        h: &CtdHost,
+        tls: &HostTls,
+        auth: AuthLookup,
+        retries: Retries,
+    ) -> Result<Self> {
+        let what = format!("registry {} ({})", endpoint.name(), h.from);
+        let http = build_client(opts, tls, h.skip_verify == Some(true), &h.header, &what)?;
+        let base = format!("{}://{}", h.scheme, h.host);
+        if opts.proxy.is_set() {
+            let route = reqwest::Url::parse(&base).map_or_else(|e| format!("unknown ({e})"), |u| opts.proxy.route(&u));
+            tracing::info!("{what}: {route}");
+        }
+        let ping = format!("{what}: ping {base}{}/", h.path);
+        let (status, challenge) =
+            with_retry(&retries, opts.timeout, &ping, || ping_once(&http, &base, &h.path, true)).await?;
+        let scheme = match (status, challenge) {
+            (200, _) => Scheme::None,
+            (_, Some(s)) => s,
+            (_, None) => bail!("{what}: HTTP 401 without a usable WWW-Authenticate challenge"),
+        };
+        // Go's url.Values.Encode of `ns`: registry names hold [A-Za-z0-9.-:[]] only.
+        let query = match &endpoint.ns {
+            Some(ns) => format!("?ns={}", ns.replace(':', "%3A").replace('[', "%5B").replace(']', "%5D")),
+            None => String::new(),
+        };
+        let me = Session {
+            endpoint: endpoint.clone(),
+            http,
+            base,
+            auth,
+            scheme,
+            bearer: RwLock::new(None),
+            opts: opts.clone(),
+            retries,
+            api: h.path.clone(),
+            query,
         };
         me.authenticate().await?;
         Ok(me)
@@ -241,7 +321,7 @@ impl Session {
             Scheme::None => Ok(()),
             Scheme::Basic => {
                 // Check the credentials now, for a clear error.
-                let url = format!("{}/v2/", self.base);
+                let url = format!("{}{}/", self.base, self.api);
                 let status = with_retry(retries, self.opts.timeout, &what, || async {
                     Ok(http::send(self.authorize(self.http.get(&url)), "credentials check").await?.status().as_u16())
                 })
@@ -320,7 +400,7 @@ impl Session {
 
     /// `base/v2/<repository>/<rest>`.
     pub(crate) fn url(&self, rest: &str) -> String {
-        format!("{}/v2/{}/{rest}", self.base, self.endpoint.repository)
+        format!("{}{}/{}/{rest}{}", self.base, self.api, self.endpoint.repository, self.query)
     }
 
     /// The retries of requests to this endpoint (built once, at connect).

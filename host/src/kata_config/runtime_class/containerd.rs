@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use anyhow::{Result, bail};
 
 use super::files::{self, Budget, FileId, Files, Kind, MAX_FILE, Visit, Walk};
-use super::{CriConfig, Handler};
+use super::{CriConfig, CriRegistry, Handler};
 use crate::nodefs::FilePath;
 
 /// Where a distribution keeps the configuration its containerd is started with.
@@ -140,9 +140,30 @@ fn read_location(files: &Files, loc: &Location) -> Result<CriConfig> {
         Ok(l) => l,
         Err(e) => {
             c.broken = Some(format!("{e:#}"));
+            c.registry = Some(CriRegistry::default());
             return Ok(c);
         }
     };
+    c.registry = Some(match (generation(loc, &loaded), registry_v1(&loaded)) {
+        (Generation::Two, _) | (_, None) => registry_v2(&loaded),
+        (Generation::One, Some(r)) => r,
+        (Generation::Either, Some(r1)) => {
+            let r2 = registry_v2(&loaded);
+            if r1.config_path == r2.config_path && r1.inline == r2.inline {
+                r1
+            } else {
+                CriRegistry {
+                    disputed: Some(format!(
+                        "containerd 1.x and 2.x read the registry settings of these files differently (1.x: \
+                         config_path {:?} from {}; 2.x: config_path {:?} from {}), and the files do not say which \
+                         containerd runs (`version = 3` would say 2.x)",
+                        r1.config_path, r1.config_path_from, r2.config_path, r2.config_path_from
+                    )),
+                    ..r2
+                }
+            }
+        }
+    });
     let v2 = reading_v2(&loaded);
     match (generation(loc, &loaded), reading_v1(&loaded)) {
         (Generation::Two, _) | (_, None) => c.handlers = v2,
@@ -490,4 +511,72 @@ fn reading_v2(files: &[File]) -> BTreeMap<String, Handler> {
         .collect();
     let provenance: Vec<(&File, &str)> = shadow.iter().map(|f| (f, id)).collect();
     handlers(runtimes(&plugins, V3_RUNTIME), &provenance)
+}
+
+/// The CRI images plugin of containerd 2.x (config version 3), which holds `registry`.
+const V3_IMAGES: &str = "io.containerd.cri.v1.images";
+
+/// containerd 2.x's `config_path` when none is set and no inline form is used
+/// (containerd `internal/cri/config/config.go`, `Registry.ConfigPath`).
+pub(crate) const V2_DEFAULT_CONFIG_PATH: &str = "/etc/containerd/certs.d:/etc/docker/certs.d";
+
+/// Records one file's `registry` table into `out` (a later file's key wins).
+fn note_registry(out: &mut CriRegistry, reg: &toml::Table, file: &str) {
+    if let Some(p) = reg.get("config_path").and_then(toml::Value::as_str) {
+        out.config_path = p.to_string();
+        out.config_path_from = file.to_string();
+    }
+    for key in ["mirrors", "configs"] {
+        if reg.get(key).and_then(toml::Value::as_table).is_some_and(|t| !t.is_empty()) {
+            out.inline.retain(|(k, _)| k != key);
+            out.inline.push((key.to_string(), file.to_string()));
+        }
+    }
+}
+
+/// containerd 1.x's registry settings: only the last file with a CRI section counts (it
+/// replaced the others); no `config_path` means no hosts directory. `None` when 1.x would
+/// refuse the version.
+fn registry_v1(files: &[File]) -> Option<CriRegistry> {
+    let version = files.iter().rev().map(|f| f.version).find(|v| *v != 0).unwrap_or(0);
+    let id = match version {
+        0 | 1 => V1_CRI,
+        2 => V2_CRI,
+        _ => return None,
+    };
+    let mut out =
+        CriRegistry { config_path_from: "containerd 1.x default (no hosts directory)".into(), ..Default::default() };
+    if let Some(f) = files.iter().rev().find(|f| f.plugins.contains_key(id))
+        && let Some(reg) = f.plugins.get(id).and_then(|p| p.get("registry")).and_then(toml::Value::as_table)
+    {
+        note_registry(&mut out, reg, &f.path);
+    }
+    Some(out)
+}
+
+/// containerd 2.x's registry settings: every file's `registry` merged key by key (a file of
+/// version 0/1 names the CRI plugin `cri`, of version 2 `io.containerd.grpc.v1.cri`, of
+/// version 3 `io.containerd.cri.v1.images`); an empty `config_path` without `mirrors` is the
+/// 2.x default directories.
+fn registry_v2(files: &[File]) -> CriRegistry {
+    let mut out = CriRegistry::default();
+    for f in files {
+        let ids: &[&str] = match f.version {
+            0 | 1 => &[V1_CRI],
+            2 => &[V2_CRI],
+            _ => &[V2_CRI, V3_IMAGES],
+        };
+        for id in ids {
+            if let Some(reg) = f.plugins.get(*id).and_then(|p| p.get("registry")).and_then(toml::Value::as_table) {
+                note_registry(&mut out, reg, &f.path);
+            }
+        }
+    }
+    // 2.x fills in its default whenever `config_path` is empty and no `mirrors` are set
+    // (containerd `plugins/cri/images/plugin.go`).
+    if out.config_path.is_empty() && !out.inline.iter().any(|(k, _)| k == "mirrors") {
+        out.config_path = V2_DEFAULT_CONFIG_PATH.to_string();
+        out.config_path_from = "containerd 2.x default".to_string();
+    }
+    out
 }

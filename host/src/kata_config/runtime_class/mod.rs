@@ -67,6 +67,116 @@ pub(crate) struct CriConfig {
     pub disputed: BTreeMap<String, String>,
     /// Why the runtime itself cannot load this configuration, if it cannot.
     pub broken: Option<String>,
+    /// containerd: the CRI plugin's registry settings (`None` for CRI-O).
+    pub registry: Option<CriRegistry>,
+}
+
+/// What containerd's CRI plugin says about registries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CriRegistry {
+    /// `registry.config_path` as containerd uses it (its default filled in; empty: none).
+    pub config_path: String,
+    /// The file that set `config_path`, or where the default comes from.
+    pub config_path_from: String,
+    /// The old inline keys (`registry.mirrors`, `registry.configs`) and the file setting them.
+    pub inline: Vec<(String, String)>,
+    /// Why the files do not say which setting containerd uses (1.x and 2.x read them differently).
+    pub disputed: Option<String>,
+}
+
+/// Whether the configuration's runtime (`CRI-O` or a containerd) defines a Kata handler.
+fn has_kata_handler(c: &CriConfig) -> bool {
+    c.handlers
+        .iter()
+        .any(|(name, h)| if c.runtime == crio::RUNTIME { crio::is_kata(name, h) } else { containerd::is_kata(h) })
+}
+
+/// The containerd hosts directories a node pulls through, when containerd serves its Kata
+/// handlers (docs/registries-and-trust.md#registry-configuration-on-containerd-nodes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ContainerdHostsDirs {
+    /// The directories of the CRI plugin's `registry.config_path`, in order (none: every
+    /// registry is its own default host).
+    pub roots: Vec<String>,
+    /// Where `config_path` was set (a file, or containerd's default).
+    pub from: String,
+    /// Why containerd's configuration applies and not CRI-O's.
+    pub why: String,
+}
+
+/// Which runtime's registry configuration applies: `Some` when containerd serves the
+/// node's Kata handlers and CRI-O's configuration defines none, `None` for CRI-O's
+/// registries.conf and certs.d. Never both: the two are not merged. A containerd
+/// configuration that cannot be used (broken, disputed, the old inline registry form) is
+/// refused naming the file.
+pub(crate) fn containerd_registry(root: &Root) -> Result<Option<ContainerdHostsDirs>> {
+    let configs = match read_cri_configs(root) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("reading the container runtime configuration: {e:#}; registries.conf and certs.d are used");
+            return Ok(None);
+        }
+    };
+    let crio: Vec<&CriConfig> = configs.iter().filter(|c| c.runtime == crio::RUNTIME).collect();
+    let ctd: Vec<&CriConfig> = configs.iter().filter(|c| c.registry.is_some()).collect();
+    let crio_kata = crio.iter().any(|c| has_kata_handler(c));
+    let kata_handlers = |c: &CriConfig| -> String {
+        let names: Vec<&str> =
+            c.handlers.iter().filter(|(_, h)| containerd::is_kata(h)).map(|(n, _)| n.as_str()).collect();
+        names.join(", ")
+    };
+    let (c, why) = match (crio_kata, ctd.iter().find(|c| has_kata_handler(c))) {
+        (false, Some(c)) => (
+            *c,
+            format!(
+                "{} ({}) serves the Kata handlers ({}){}",
+                c.runtime,
+                c.files.first().map(String::as_str).unwrap_or_default(),
+                kata_handlers(c),
+                if crio.is_empty() { "" } else { "; CRI-O's configuration defines none" }
+            ),
+        ),
+        (true, Some(c)) => {
+            tracing::info!(
+                "both CRI-O and {} define Kata handlers: CRI-O's registries.conf and certs.d are used, {}'s hosts.toml \
+                 is not",
+                c.runtime,
+                c.runtime
+            );
+            return Ok(None);
+        }
+        _ => return Ok(None),
+    };
+    if let Some(b) = &c.broken {
+        bail!("{} cannot load its configuration, so its registry settings are unknown: {b}", c.runtime);
+    }
+    let reg = c.registry.clone().unwrap_or_default();
+    if let Some(d) = &reg.disputed {
+        // 1.x: no hosts directory; 2.x: its default directories. The same when none exists.
+        let files = files::Files::open(root)?;
+        let mut differs = reg.config_path != containerd::V2_DEFAULT_CONFIG_PATH;
+        for dir in containerd::V2_DEFAULT_CONFIG_PATH.split(':') {
+            differs |= files.kind(dir)?.is_some();
+        }
+        if differs {
+            bail!("{}: {d}", c.runtime);
+        }
+        return Ok(Some(ContainerdHostsDirs {
+            roots: Vec::new(),
+            from: "containerd default (no hosts directory on the node)".to_string(),
+            why,
+        }));
+    }
+    if let Some((key, file)) = reg.inline.first() {
+        bail!(
+            "{file}: the CRI plugin's `registry.{key}` (containerd's old inline registry form) is not read by \
+             kata-addons; move it to hosts.toml files in a `registry.config_path` directory (`registry.mirrors.\"HOST\"` \
+             endpoints become `[host.\"URL\"]` entries of `certs.d/HOST/hosts.toml`, `registry.configs.\"HOST\".tls` \
+             becomes `ca`, `client`, `skip_verify` there; docs/registries-and-trust.md#registry-configuration-on-containerd-nodes)"
+        );
+    }
+    let roots = reg.config_path.split(':').filter(|p| !p.is_empty()).map(str::to_string).collect();
+    Ok(Some(ContainerdHostsDirs { roots, from: reg.config_path_from, why }))
 }
 
 /// Every container runtime configuration present on the node (CRI-O, then each
