@@ -200,7 +200,7 @@ impl<'a> Pull<'a> {
             return Ok(s);
         }
         let eps = config.endpoints(registry, repository, false)?;
-        let src = Arc::new(CtdSource::new(eps, &self.opts.registry, config.clone(), self.budget()));
+        let src = Arc::new(CtdSource::new(eps, &self.opts.registry, config.clone(), self.budget())?);
         let why = config.containerd.as_ref().map(|c| c.why.as_str()).unwrap_or_default();
         tracing::info!("{key}: containerd hosts ({why}), in order: {}", src.describe_hosts().join(", "));
         if let Ok(mut m) = self.containerd.lock() {

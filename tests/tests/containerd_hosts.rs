@@ -16,6 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use kata_addons_tests::image::{Compress, Image, LayerBuilder};
+use kata_addons_tests::proxy::{Proxy, Rules};
 use kata_addons_tests::registry::{Registry, RegistryConfig, free_port};
 use kata_addons_tests::tls::TestCa;
 use kata_addons_tests::{run_kata, show};
@@ -523,4 +524,198 @@ fn broken_hosts_toml_is_refused_where_containerd_carries_on() {
     assert!(!out.status.success(), "{}", show(&out));
     assert!(err.contains(&format!("/etc/containerd/certs.d/{dir}/hosts.toml:2")), "{err}");
     assert_eq!(std::fs::read_dir(dest.path()).expect("dest").count(), 0);
+}
+
+/// `hosts.toml` for `upstream.test`: `server` then the given extra text.
+fn server_and(u: &Reg, extra: &str) -> Vec<u8> {
+    format!("server = \"http://{}\"\n{extra}", u.host()).into_bytes()
+}
+
+#[test]
+fn capabilities_schemes_and_failures() {
+    // 1. A resolve-only mirror: never resolves a tag (that needs pull too), but containerd's
+    //    fetcher walks every host, so it serves the manifest by digest and the blobs.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("resolve-only");
+    push(&[&m, &u], "c/ronly", &img);
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        &server_and(&u, &format!("[host.\"http://{}\"]\n  capabilities = [\"resolve\"]\n", m.host())),
+    );
+    let (theirs, _) =
+        differential("resolve-only", &node, &[("M", &m), ("U", &u)], "upstream.test/c/ronly:v1", &k, true);
+    assert!(theirs.seen.manifests.get("U").is_some_and(|s| s.contains("v1")));
+
+    // 2. A host without a scheme is HTTPS: against a plain-HTTP mirror it fails, the
+    //    server serves.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("no-scheme");
+    push(&[&m, &u], "c/nosch", &img);
+    let node = Node::new();
+    node.write("upstream.test/hosts.toml", &server_and(&u, &format!("[host.\"{}\"]\n", m.host())));
+    differential("no-scheme", &node, &[("M", &m), ("U", &u)], "upstream.test/c/nosch:v1", &k, true);
+
+    // 3. `_default` with a server: the server replaces every registry.
+    let m = up();
+    let (img, k) = case_image("default-server");
+    push(&[&m], "c/dsrv", &img);
+    let node = Node::new();
+    node.write("_default/hosts.toml", format!("server = \"http://{}\"\n[host]\n", m.host()).as_bytes());
+    differential("default-server", &node, &[("M", &m)], "elsewhere.test/c/dsrv:v1", &k, true);
+
+    // 4. A mirror answering 503 for everything: the server serves.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("mirror-503");
+    push(&[&m, &u], "c/m503", &img);
+    let rules = Rules { fail_first: 1_000_000, fail_status: Some(503), ..Default::default() };
+    let proxy = Proxy::start(m.reg().addr, rules);
+    let node = Node::new();
+    node.write("upstream.test/hosts.toml", &server_and(&u, &format!("[host.\"http://{}\"]\n", proxy.host())));
+    differential("mirror-503", &node, &[("M", &m), ("U", &u)], "upstream.test/c/m503:v1", &k, true);
+    assert!(!proxy.requests().is_empty(), "the mirror was asked");
+
+    // 5. A CA file that does not exist: containerd refuses the whole host list.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("missing-ca");
+    push(&[&m, &u], "c/nocaf", &img);
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        &server_and(&u, &format!("[host.\"https://{}\"]\n  ca = \"missing.pem\"\n", m.host())),
+    );
+    differential("missing-ca", &node, &[("M", &m), ("U", &u)], "upstream.test/c/nocaf:v1", &k, false);
+
+    // 6. Empty capabilities mean all of them.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("caps-empty");
+    push(&[&m, &u], "c/capse", &img);
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        &server_and(&u, &format!("[host.\"http://{}\"]\n  capabilities = []\n", m.host())),
+    );
+    let (_, ours) = differential("caps-empty", &node, &[("M", &m), ("U", &u)], "upstream.test/c/capse:v1", &k, true);
+    assert!(!ours.seen.manifests.contains_key("U"));
+
+    // 7. A reference pinned by digest with a pull-only mirror: all from the mirror.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("digest-pull-only");
+    push(&[&m, &u], "c/dpo", &img);
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        &server_and(&u, &format!("[host.\"http://{}\"]\n  capabilities = [\"pull\"]\n", m.host())),
+    );
+    let image = format!("upstream.test/c/dpo@{}", img.digest());
+    let (_, ours) = differential("digest-pull-only", &node, &[("M", &m), ("U", &u)], &image, &k, true);
+    assert!(!ours.seen.manifests.contains_key("U") && !ours.seen.blobs.contains_key("U"));
+
+    // 8. Two mirrors, the first without the image, the second dead: the server serves.
+    let (m, d, u) = (up(), dead(), up());
+    let (img, k) = case_image("empty-then-dead");
+    push(&[&u], "c/ed", &img);
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        &server_and(&u, &format!("[host.\"http://{}\"]\n[host.\"http://{}\"]\n", m.host(), d.host())),
+    );
+    differential("empty-then-dead", &node, &[("M", &m), ("D", &d), ("U", &u)], "upstream.test/c/ed:v1", &k, true);
+
+    // 9. Only pull-only mirrors and no server that resolves: `server` still resolves.
+    //    Without any host that may resolve (the server given pull only too), both fail.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("no-resolver");
+    push(&[&m, &u], "c/nores", &img);
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        format!(
+            "server = \"http://{}\"\ncapabilities = [\"pull\"]\n[host.\"http://{}\"]\n  capabilities = [\"pull\"]\n",
+            u.host(),
+            m.host()
+        )
+        .as_bytes(),
+    );
+    differential("no-resolver", &node, &[("M", &m), ("U", &u)], "upstream.test/c/nores:v1", &k, false);
+}
+
+#[test]
+fn tls_more() {
+    let ca = TestCa::new();
+
+    // 1. `client` as one file holding the certificate and its key.
+    let (m, u) = (tls(&ca, true), up());
+    let (img, k) = case_image("mtls-one-file");
+    push(&[&m, &u], "c/mtls1", &img);
+    let node = Node::new();
+    node.write("upstream.test/ca.pem", &std::fs::read(&ca.ca_cert).expect("ca"));
+    let tmp = tempfile::tempdir().expect("tmp");
+    ca.client_pair(tmp.path());
+    let mut both = std::fs::read(tmp.path().join("client.cert")).expect("cert");
+    both.extend(std::fs::read(tmp.path().join("client.key")).expect("key"));
+    node.write("upstream.test/client.pem", &both);
+    node.write(
+        "upstream.test/hosts.toml",
+        &server_and(&u, &format!("[host.\"https://{}\"]\n  ca = \"ca.pem\"\n  client = \"client.pem\"\n", m.host())),
+    );
+    let (_, ours) = differential("mtls-one-file", &node, &[("M", &m), ("U", &u)], "upstream.test/c/mtls1:v1", &k, true);
+    assert!(!ours.seen.manifests.contains_key("U"));
+
+    // 2. The CA at the top level of a file without `server` applies to the registry itself:
+    //    a TLS registry named by a `server` of `_default`… here: the TLS server with its CA.
+    let t = tls(&ca, false);
+    let (img, k) = case_image("server-tls-ca");
+    push(&[&t], "c/stls", &img);
+    let node = Node::new();
+    node.write("upstream.test/ca.pem", &std::fs::read(&ca.ca_cert).expect("ca"));
+    node.write(
+        "upstream.test/hosts.toml",
+        format!("server = \"https://{}\"\nca = \"ca.pem\"\n[host]\n", t.host()).as_bytes(),
+    );
+    differential("server-tls-ca", &node, &[("T", &t)], "upstream.test/c/stls:v1", &k, true);
+
+    // 3. The same server without its CA: refused, nothing else to try.
+    let t = tls(&ca, false);
+    let node = Node::new();
+    node.write("upstream.test/hosts.toml", format!("server = \"https://{}\"\n[host]\n", t.host()).as_bytes());
+    differential("server-tls-no-ca", &node, &[("T", &t)], "upstream.test/c/x:v1", b"", false);
+
+    // 4. A TLS server with skip_verify at the top level.
+    let t = tls(&ca, false);
+    let (img, k) = case_image("server-skip");
+    push(&[&t], "c/sskip", &img);
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        format!("server = \"https://{}\"\nskip_verify = true\n[host]\n", t.host()).as_bytes(),
+    );
+    differential("server-skip", &node, &[("T", &t)], "upstream.test/c/sskip:v1", &k, true);
+}
+
+#[test]
+fn inline_registry_form_is_refused_naming_the_file() {
+    let node = Node::new();
+    std::fs::write(
+        node.root.path().join("etc/containerd/config.toml"),
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"docker.io\"]\n  endpoint = [\"https://m.example\"]\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kata]\n  runtime_type = \"io.containerd.kata.v2\"\n",
+    )
+    .expect("config");
+    let dest = tempfile::tempdir().expect("dest");
+    let out = run_kata(&[
+        "fetch",
+        "--root",
+        node.root.path().to_str().expect("utf8"),
+        "--image",
+        "docker.io/library/busybox:latest",
+        "--path",
+        "/bin/busybox",
+        "--dest",
+        dest.path().to_str().expect("utf8"),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{}", show(&out));
+    assert!(err.contains("/etc/containerd/config.toml") && err.contains("registry.mirrors"), "{err}");
+    assert!(err.contains("hosts.toml"), "{err}");
 }

@@ -1,9 +1,11 @@
 //! A pull over containerd's hosts as containerd's resolver and fetcher do it (containerd
 //! `remotes/docker/resolver.go` `Resolve`, `fetcher.go` `Fetch`, 1.6/1.7): a tag is
 //! resolved on the hosts with both `pull` and `resolve`, in order, the next host tried on
-//! any failure (connection, TLS, 404, 5xx); manifests by digest and blobs come from the
-//! hosts with `pull`, in order, again the next host on any failure. So a pull-only mirror
-//! serves the manifests by digest and the blobs, never the tag.
+//! any failure (connection, TLS, 404, 5xx); manifests by digest and blobs come from every
+//! host in order (the fetcher checks that one host has `pull`, then walks all of them),
+//! again the next host on any failure. So a pull-only mirror serves the manifests by
+//! digest and the blobs, never the tag. Every host's TLS files are read before the first
+//! request: one that cannot be read fails the pull, as containerd's `ConfigureHosts` does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,6 +28,8 @@ pub(crate) struct CtdSource {
     opts: RegistryOptions,
     config: Arc<NodeConfig>,
     budget: Arc<RetryBudget>,
+    /// TLS material per host, read up front.
+    tls: Vec<super::certs::HostTls>,
     /// Connected clients, or why a host could not be connected (not tried again).
     clients: tokio::sync::Mutex<HashMap<usize, Result<Arc<RegistryClient>, String>>>,
     /// Images already resolved, by reference, with the client that resolved them.
@@ -39,15 +43,17 @@ impl CtdSource {
         opts: &RegistryOptions,
         config: Arc<NodeConfig>,
         budget: Arc<RetryBudget>,
-    ) -> CtdSource {
-        CtdSource {
+    ) -> Result<CtdSource> {
+        let tls = eps.iter().map(|ep| config.tls_for(ep)).collect::<Result<Vec<_>>>()?;
+        Ok(CtdSource {
+            tls,
             eps,
             opts: opts.clone(),
             config,
             budget,
             clients: tokio::sync::Mutex::new(HashMap::new()),
             resolved: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
     /// The hosts' `scheme://host/path (from)`, in order, for messages and `status`.
@@ -69,9 +75,9 @@ impl CtdSource {
         }
         let ep = self.eps.get(i).ok_or_else(|| anyhow!("internal: no host {i}"))?;
         let r = async {
-            let tls = self.config.tls_for(ep)?;
+            let tls = self.tls.get(i).ok_or_else(|| anyhow!("internal: no TLS for host {i}"))?;
             let auth = self.config.auth_for(ep)?;
-            RegistryClient::connect(&self.opts, ep, &tls, auth, self.budget.clone()).await.map(Arc::new)
+            RegistryClient::connect(&self.opts, ep, tls, auth, self.budget.clone()).await.map(Arc::new)
         }
         .await;
         let kept = r.as_ref().map(Arc::clone).map_err(|e| format!("{e:#}"));
@@ -79,11 +85,19 @@ impl CtdSource {
         r
     }
 
-    /// Indexes of the hosts with `pull` (and `resolve`, when `resolve` is asked).
-    fn hosts_with(&self, resolve: bool) -> Vec<usize> {
-        (0..self.eps.len())
-            .filter(|i| self.eps[*i].ctd.as_ref().is_some_and(|h| h.pull && (h.resolve || !resolve)))
-            .collect()
+    /// Indexes of the hosts with `pull` and `resolve`, in order (tag resolution).
+    fn resolve_hosts(&self) -> Vec<usize> {
+        (0..self.eps.len()).filter(|i| self.eps[*i].ctd.as_ref().is_some_and(|h| h.pull && h.resolve)).collect()
+    }
+
+    /// Indexes of the hosts fetched from (manifests by digest, blobs): every host in
+    /// order when one has `pull`, else none.
+    fn fetch_hosts(&self) -> Vec<usize> {
+        if self.eps.iter().any(|e| e.ctd.as_ref().is_some_and(|h| h.pull)) {
+            (0..self.eps.len()).collect()
+        } else {
+            Vec::new()
+        }
     }
 
     /// A message naming a host.
@@ -122,7 +136,7 @@ impl CtdSource {
 
     /// A manifest by digest from the pull hosts.
     async fn manifest_by_digest(&self, digest: &str) -> Result<((Vec<u8>, Option<String>), Arc<RegistryClient>)> {
-        let pull = self.hosts_with(false);
+        let pull = self.fetch_hosts();
         self.first_ok(&pull, &format!("manifest {digest}"), |c| async move {
             let (body, _, ct) = c.get_manifest(digest, Some(digest)).await?;
             Ok((body, ct))
@@ -145,7 +159,7 @@ impl CtdSource {
             Some(d) => (d.to_string(), None),
             None => {
                 let tag = tag.unwrap_or("latest");
-                let order = self.hosts_with(true);
+                let order = self.resolve_hosts();
                 let (d, c) = self
                     .first_ok(&order, &format!("resolving tag {tag}"), |c| async move {
                         Ok(c.get_manifest(tag, None).await?.1)
@@ -265,9 +279,9 @@ pub(crate) fn status_lines(root: &std::path::Path, image: &str) -> Vec<String> {
                         if let Some(h) = &e.ctd {
                             let caps = match (h.pull, h.resolve) {
                                 (true, true) => "pull, resolve",
-                                (true, false) => "pull",
-                                (false, true) => "resolve only (not used)",
-                                (false, false) => "none (not used)",
+                                (true, false) => "pull: digests and blobs only",
+                                (false, true) => "resolve without pull: digests and blobs only",
+                                (false, false) => "push: digests and blobs only",
                             };
                             out.push(format!("host {}: {} [{caps}] from {}", i + 1, h.url(), h.from));
                         }
@@ -291,7 +305,7 @@ impl super::Source for Arc<CtdSource> {
         let blob: Box<dyn super::Blob> = Box::new(CtdBlob {
             src: self.clone(),
             desc: desc.clone(),
-            order: self.hosts_with(false),
+            order: self.fetch_hosts(),
             pos: 0,
             cur: None,
             offset: 0,
