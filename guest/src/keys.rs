@@ -1,8 +1,9 @@
 //! The ConfigMap keys: one table of named entries (ConfigMap key, env var, kind of value,
 //! the artifact it describes) that drives reading the input ([`Given`]), the env list
 //! (table order), the plan's artifacts and the README's key table (checked by a test).
-//! Adding a key: a row here, its rule where its value is used (`policy.rs` or
-//! `measured.rs`), and its line in the README (docs/design.md#keys).
+//! Adding a key: a row here, its rule where its value is used (`policy.rs`, `measured.rs`
+//! or the key's own module), its plan field in the WIT, and its line in the README
+//! (docs/design.md#keys).
 
 use alloc::format;
 use alloc::string::String;
@@ -35,6 +36,10 @@ pub enum Kind {
     VerityPath,
     /// An extension name (`check_name`).
     Name,
+    /// A Kata release in RPM's `[epoch:]version[-release]` form (parsed by `kata_version.rs`).
+    KataVersion,
+    /// Comma-separated clean absolute node paths (parsed by `node_paths.rs`).
+    NodePaths,
 }
 
 impl Kind {
@@ -43,7 +48,14 @@ impl Kind {
     /// here and are judged by their parser, so nothing is parsed twice.
     pub(crate) fn check(self, key: &str, value: &str) -> Result<(), Violation> {
         let (code, message) = match self {
-            Kind::Reference | Kind::Provider | Kind::Handlers | Kind::VerityParams => return Ok(()),
+            Kind::Reference
+            | Kind::Provider
+            | Kind::Handlers
+            | Kind::VerityParams
+            | Kind::KataVersion
+            | Kind::NodePaths => {
+                return Ok(());
+            }
             Kind::Version if is_version(value) => return Ok(()),
             Kind::Version => (
                 ViolationCode::InvalidVersion,
@@ -137,6 +149,8 @@ keys! {
     ExtensionVerityParams: "extensionVerityParams", "ADDON_EXTENSION_VERITY_PARAMS", VerityParams, Some(ArtifactKind::Extension);
     ExtensionVerityPath: "extensionVerityPath", "ADDON_EXTENSION_VERITY_PATH", VerityPath, Some(ArtifactKind::Extension);
     ExtensionSha256: "extensionSha256", "ADDON_EXTENSION_SHA256", Sha256, Some(ArtifactKind::Extension);
+    KataVersion: "kataVersion", "ADDON_KATA_VERSION", KataVersion, None;
+    SeHostKeyDocuments: "seHostKeyDocuments", "ADDON_SE_HOST_KEY_DOCUMENTS", NodePaths, None;
 }
 
 impl Key {

@@ -13,8 +13,10 @@ extern crate alloc;
 pub mod wit;
 
 mod checks;
+mod kata_version;
 mod keys;
 mod measured;
+mod node_paths;
 mod policy;
 mod providers;
 mod reference;

@@ -27,6 +27,10 @@ struct Config {
     runtime_classes: Vec<String>,
     /// dm-verity parameters of the image and the extension.
     verity: Verity,
+    /// `kataVersion`, parsed.
+    kata_version: Option<KataVersion>,
+    /// `seHostKeyDocuments`, each once, in order.
+    se_host_key_documents: Vec<String>,
 }
 
 /// Most violations one call returns; the last one then says how many were left out.
@@ -63,6 +67,9 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
         Some(v) => crate::runtime_class::parse(g.name(Key::RuntimeClass), v, &mut errs),
         None => Vec::new(),
     };
+    let kata_version =
+        g.value(Key::KataVersion).and_then(|v| crate::kata_version::parse(g.name(Key::KataVersion), v, &mut errs));
+    let se_host_key_documents = host_key_documents(&g, provider, &mut errs);
     let (true, Some(r), Some(provider), Some(version)) = (errs.is_empty(), parsed, provider, version) else {
         return Err(errs);
     };
@@ -71,9 +78,20 @@ fn resolve(input: &[KeyValue], naming: Naming) -> Result<Config, Vec<Violation>>
         Key::Provider => Some(String::from(provider.wit_name())),
         Key::Version => Some(version.clone()),
         Key::RuntimeClass => (!runtime_classes.is_empty()).then(|| runtime_classes.join(",")),
+        Key::SeHostKeyDocuments => (!se_host_key_documents.is_empty()).then(|| se_host_key_documents.join(",")),
         _ => g.value(k).map(String::from),
     });
-    Ok(Config { values, image: r.normalised, source: r.source, provider, version, runtime_classes, verity })
+    Ok(Config {
+        values,
+        image: r.normalised,
+        source: r.source,
+        provider,
+        version,
+        runtime_classes,
+        verity,
+        kata_version,
+        se_host_key_documents,
+    })
 }
 
 /// `addonImage`: required, one reference.
@@ -180,6 +198,26 @@ fn boot_artifacts(g: &Given<'_>, provider: Option<Provider>, errs: &mut Vec<Viol
     }
 }
 
+/// `seHostKeyDocuments`: node paths, for provider `se` only (the documents name IBM Z
+/// machines; no other provider has SE key slots).
+fn host_key_documents(g: &Given<'_>, provider: Option<Provider>, errs: &mut Vec<Violation>) -> Vec<String> {
+    let key = g.name(Key::SeHostKeyDocuments);
+    let Some(v) = g.value(Key::SeHostKeyDocuments) else { return Vec::new() };
+    if let Some(p) = provider.filter(|p| *p != Provider::Se) {
+        errs.push(violation(
+            key,
+            ViolationCode::NotAllowed,
+            format!(
+                "`{key}` names IBM Secure Execution host key documents, but the provider is `{}`: remove `{key}` or use \
+                 provider `se`",
+                p.wit_name()
+            ),
+        ));
+        return Vec::new();
+    }
+    crate::node_paths::parse(key, v, errs)
+}
+
 /// At least one artifact, and never both an initrd and an image.
 fn artifact_presence(g: &Given<'_>, errs: &mut Vec<Violation>) {
     let paths: Vec<Key> = Key::ALL.into_iter().filter(|k| k.kind() == Kind::Path).collect();
@@ -270,5 +308,7 @@ pub fn plan(env: &[KeyValue], node: &NodeOptions) -> Result<Plan, Vec<Violation>
         runtime_configs: providers::runtime_configs(c.provider, &node.kata_prefix),
         runtime_classes: c.runtime_classes,
         artifacts,
+        kata_version: c.kata_version,
+        se_host_key_documents: c.se_host_key_documents,
     })
 }

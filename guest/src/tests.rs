@@ -831,3 +831,41 @@ fn known_runtime_configs_cover_every_provider_plan() {
 /// The `runtimeClass` rules (docs/design.md#runtimeclass).
 #[path = "runtime_class_tests.rs"]
 mod runtime_class_tests;
+
+#[test]
+fn kata_version_and_host_key_documents_reach_the_plan() {
+    let p = base_plan(
+        "se",
+        &[
+            ("ADDON_KERNEL_PATH", "/k"),
+            ("ADDON_KATA_VERSION", " 3.25.0-6.el9 "),
+            ("ADDON_SE_HOST_KEY_DOCUMENTS", "/etc/hkd/a.crt, /etc/hkd/b.crt,/etc/hkd/a.crt"),
+        ],
+    );
+    let v = p.kata_version.expect("kata version");
+    assert_eq!((v.epoch, v.version.as_str(), v.release.as_deref()), (None, "3.25.0", Some("6.el9")));
+    assert_eq!(p.se_host_key_documents, ["/etc/hkd/a.crt", "/etc/hkd/b.crt"]);
+    let e = env_ok(&[
+        ("addonImage", IMG),
+        ("kernelPath", "/k"),
+        ("kataVersion", "3.25.0"),
+        ("seHostKeyDocuments", "/a.crt,/a.crt"),
+    ]);
+    assert!(e.iter().any(|(n, v)| n == "ADDON_KATA_VERSION" && v == "3.25.0"));
+    assert!(e.iter().any(|(n, v)| n == "ADDON_SE_HOST_KEY_DOCUMENTS" && v == "/a.crt"));
+    let p = base_plan("se", &[("ADDON_KERNEL_PATH", "/k")]);
+    assert!(p.kata_version.is_none() && p.se_host_key_documents.is_empty());
+}
+
+#[test]
+fn host_key_documents_are_for_se_only_and_kata_version_is_checked() {
+    let errs = env_err(&[
+        ("addonImage", IMG),
+        ("provider", "tdx"),
+        ("kernelPath", "/k"),
+        ("seHostKeyDocuments", "/a.crt"),
+        ("kataVersion", "3.25.0-6-el9"),
+    ]);
+    assert!(errs.iter().any(|v| v.key == "seHostKeyDocuments" && v.code == ViolationCode::NotAllowed), "{errs:?}");
+    assert!(errs.iter().any(|v| v.key == "kataVersion" && v.code == ViolationCode::InvalidVersion), "{errs:?}");
+}

@@ -82,6 +82,8 @@ mod tests {
                     name: None,
                 })
                 .collect(),
+            kata_version: None,
+            se_host_key_documents: Vec::new(),
         }
     }
 

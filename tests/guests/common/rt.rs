@@ -55,6 +55,8 @@ fn good_plan(kernel: &str) -> Plan {
             verity: None,
             name: None,
         }],
+        kata_version: None,
+        se_host_key_documents: Vec::new(),
     }
 }
 
