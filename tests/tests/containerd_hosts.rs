@@ -138,6 +138,8 @@ struct Seen {
 /// A node root with a containerd configuration and a hosts directory.
 struct Node {
     root: tempfile::TempDir,
+    /// The hosts directory beneath the root (what `ctr --hosts-dir` is given).
+    certs: String,
 }
 
 impl Node {
@@ -151,10 +153,21 @@ impl Node {
              [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kata-qemu-tdx]\n  runtime_type = \"io.containerd.kata-qemu-tdx.v2\"\n",
         )
         .expect("config.toml");
-        Node { root }
+        Node { root, certs: "etc/containerd/certs.d".into() }
+    }
+    /// A node root with these files (node path, text) and the hosts directory `certs`.
+    fn with(files: &[(&str, &str)], certs: &str) -> Node {
+        let root = tempfile::tempdir().expect("root");
+        for (p, text) in files {
+            let p = root.path().join(p.trim_start_matches('/'));
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("dir");
+            std::fs::write(p, text).expect("write");
+        }
+        std::fs::create_dir_all(root.path().join(certs)).expect("certs");
+        Node { root, certs: certs.to_string() }
     }
     fn certs_d(&self) -> PathBuf {
-        self.root.path().join("etc/containerd/certs.d")
+        self.root.path().join(&self.certs)
     }
     fn write(&self, rel: &str, data: &[u8]) {
         let p = self.certs_d().join(rel);
@@ -718,4 +731,145 @@ fn inline_registry_form_is_refused_naming_the_file() {
     assert!(!out.status.success(), "{}", show(&out));
     assert!(err.contains("/etc/containerd/config.toml") && err.contains("registry.mirrors"), "{err}");
     assert!(err.contains("hosts.toml"), "{err}");
+}
+
+/// The hosts.toml of the node configuration cases: a mirror before the server.
+fn mirror_toml(m: &Reg, u: &Reg) -> String {
+    format!("server = \"http://{}\"\n[host.\"http://{}\"]\n", u.host(), m.host())
+}
+
+/// A kata handler of a v2 CRI section.
+const KATA_V2: &str =
+    "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kata]\n  runtime_type = \"io.containerd.kata.v2\"\n";
+
+#[test]
+fn node_configurations() {
+    // 1. k3s: its own config.toml location and hosts directory.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("k3s");
+    push(&[&m, &u], "c/k3s", &img);
+    let k3s = "var/lib/rancher/k3s/agent/etc/containerd";
+    let config = format!(
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/{k3s}/certs.d\"\n{KATA_V2}"
+    );
+    let node = Node::with(&[(&format!("{k3s}/config.toml"), &config)], &format!("{k3s}/certs.d"));
+    node.write("upstream.test/hosts.toml", mirror_toml(&m, &u).as_bytes());
+    let (_, ours) = differential("k3s", &node, &[("M", &m), ("U", &u)], "upstream.test/c/k3s:v1", &k, true);
+    assert!(!ours.seen.manifests.contains_key("U"));
+
+    // 2. containerd 2.x (config version 3): the images plugin's config_path.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("v3");
+    push(&[&m, &u], "c/v3", &img);
+    let config = "version = 3\n[plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = \"/etc/ctd-hosts\"\n\
+                  [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kata]\n  runtime_type = \"io.containerd.kata.v2\"\n";
+    let node = Node::with(&[("etc/containerd/config.toml", config)], "etc/ctd-hosts");
+    node.write("upstream.test/hosts.toml", mirror_toml(&m, &u).as_bytes());
+    let (_, ours) = differential("v3", &node, &[("M", &m), ("U", &u)], "upstream.test/c/v3:v1", &k, true);
+    assert!(!ours.seen.manifests.contains_key("U"));
+
+    // 3. containerd 2.x without config_path: its default /etc/containerd/certs.d.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("v3-default");
+    push(&[&m, &u], "c/v3d", &img);
+    let config = "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kata]\n  runtime_type = \"io.containerd.kata.v2\"\n";
+    let node = Node::with(&[("etc/containerd/config.toml", config)], "etc/containerd/certs.d");
+    node.write("upstream.test/hosts.toml", mirror_toml(&m, &u).as_bytes());
+    let (_, ours) = differential("v3-default", &node, &[("M", &m), ("U", &u)], "upstream.test/c/v3d:v1", &k, true);
+    assert!(!ours.seen.manifests.contains_key("U"));
+
+    // 4. config_path and the Kata handler set in an imported drop-in.
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("imports");
+    push(&[&m, &u], "c/imp", &img);
+    let main = "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n";
+    let drop = format!(
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/hosts\"\n{KATA_V2}"
+    );
+    let node = Node::with(
+        &[("etc/containerd/config.toml", main), ("etc/containerd/conf.d/kata.toml", &drop)],
+        "etc/containerd/hosts",
+    );
+    node.write("upstream.test/hosts.toml", mirror_toml(&m, &u).as_bytes());
+    let (_, ours) = differential("imports", &node, &[("M", &m), ("U", &u)], "upstream.test/c/imp:v1", &k, true);
+    assert!(!ours.seen.manifests.contains_key("U"));
+
+    // 5. A directory for the host wins over `_default`.
+    let (a, b) = (up(), up());
+    let (img, k) = case_image("host-over-default");
+    push(&[&a, &b], "c/hod", &img);
+    let node = Node::new();
+    node.write("_default/hosts.toml", format!("server = \"http://{}\"\n[host]\n", b.host()).as_bytes());
+    node.write("upstream.test/hosts.toml", format!("server = \"http://{}\"\n[host]\n", a.host()).as_bytes());
+    let (_, ours) =
+        differential("host-over-default", &node, &[("A", &a), ("B", &b)], "upstream.test/c/hod:v1", &k, true);
+    assert!(!ours.seen.manifests.contains_key("B"));
+
+    // 6. A dead server and no mirror: both fail.
+    let d = dead();
+    let node = Node::new();
+    node.write("upstream.test/hosts.toml", format!("server = \"http://{}\"\n[host]\n", d.host()).as_bytes());
+    differential("dead-server", &node, &[("D", &d)], "upstream.test/c/x:v1", b"", false);
+
+    // 7. A dead pull-only mirror: everything from the server.
+    let (d, u) = (dead(), up());
+    let (img, k) = case_image("dead-pull-only");
+    push(&[&u], "c/dpo2", &img);
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        &server_and(&u, &format!("[host.\"http://{}\"]\n  capabilities = [\"pull\"]\n", d.host())),
+    );
+    differential("dead-pull-only", &node, &[("D", &d), ("U", &u)], "upstream.test/c/dpo2:v1", &k, true);
+}
+
+#[test]
+fn mirrors_get_the_registry_name_as_ns() {
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("ns");
+    push(&[&m, &u], "c/ns", &img);
+    let node = Node::new();
+    node.write("upstream.test/hosts.toml", mirror_toml(&m, &u).as_bytes());
+    differential("ns", &node, &[("M", &m), ("U", &u)], "upstream.test/c/ns:v1", &k, true);
+    let lines: Vec<String> = m.log().lines().filter(|l| l.contains("/c/ns/")).map(str::to_string).collect();
+    assert!(!lines.is_empty() && lines.iter().all(|l| l.contains("ns=upstream.test")), "{lines:#?}");
+}
+
+#[test]
+fn crio_files_win_when_both_runtimes_define_kata() {
+    let (m, u) = (up(), up());
+    let (img, k) = case_image("both-runtimes");
+    push(&[&m, &u], "c/both", &img);
+    let node = Node::new();
+    node.write(&format!("{}/hosts.toml", u.host()), format!("[host.\"http://{}\"]\n", m.host()).as_bytes());
+    let root = node.root.path();
+    std::fs::create_dir_all(root.join("etc/crio/crio.conf.d")).expect("crio dir");
+    std::fs::write(
+        root.join("etc/crio/crio.conf.d/50-kata.conf"),
+        "[crio.runtime.runtimes.kata]\nruntime_path = \"/usr/bin/containerd-shim-kata-v2\"\nruntime_type = \"vm\"\n\
+         runtime_config_path = \"/opt/kata/share/defaults/kata-containers/configuration.toml\"\n",
+    )
+    .expect("crio conf");
+    std::fs::create_dir_all(root.join("etc/containers")).expect("containers dir");
+    std::fs::write(
+        root.join("etc/containers/registries.conf"),
+        format!("[[registry]]\nlocation = \"{}\"\ninsecure = true\n", u.host()),
+    )
+    .expect("registries.conf");
+    let dest = tempfile::tempdir().expect("dest");
+    let image = format!("{}/c/both:v1", u.host());
+    let out = run_kata(&[
+        "fetch",
+        "--root",
+        root.to_str().expect("utf8"),
+        "--image",
+        &image,
+        "--path",
+        "/boot/vmlinuz",
+        "--dest",
+        dest.path().to_str().expect("utf8"),
+    ]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(std::fs::read(dest.path().join("vmlinuz")).expect("kernel"), k);
+    assert!(requests(&m.log(), 0).is_empty(), "hosts.toml's mirror is not used: {}", m.log());
 }
