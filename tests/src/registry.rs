@@ -29,6 +29,8 @@ pub struct RegistryConfig {
     pub tls: Option<TestCa>,
     /// With `tls`: require a client certificate signed by the same CA (mutual TLS).
     pub client_auth: bool,
+    /// Run as a pull-through cache of this registry URL (distribution's `proxy.remoteurl`).
+    pub proxy_remote: Option<String>,
 }
 
 /// A running registry. Dropping it kills the process and removes its storage.
@@ -70,6 +72,9 @@ impl Registry {
                 if cfg.client_auth {
                     yaml.push_str(&format!("    clientcas:\n      - {}\n", ca.ca_cert.display()));
                 }
+            }
+            if let Some(remote) = &cfg.proxy_remote {
+                yaml.push_str(&format!("proxy:\n  remoteurl: {remote}\n"));
             }
             if let Some((user, pass)) = &cfg.htpasswd {
                 let hash = bcrypt::hash(pass, 4).expect("bcrypt");

@@ -873,3 +873,87 @@ fn crio_files_win_when_both_runtimes_define_kata() {
     assert_eq!(std::fs::read(dest.path().join("vmlinuz")).expect("kernel"), k);
     assert!(requests(&m.log(), 0).is_empty(), "hosts.toml's mirror is not used: {}", m.log());
 }
+
+/// `kata-addons fetch` of `image` on a node root with the given hosts.toml tree, run in a
+/// thread; the output and the kernel fetched.
+fn fetch_on(node: &Node, image: &str) -> (Output, Option<Vec<u8>>) {
+    let dest = tempfile::tempdir().expect("dest");
+    let out = run_kata(&[
+        "fetch",
+        "--root",
+        node.root.path().to_str().expect("utf8"),
+        "--image",
+        image,
+        "--path",
+        "/boot/vmlinuz",
+        "--dest",
+        dest.path().to_str().expect("utf8"),
+        "--timeout",
+        "10",
+    ]);
+    let got = std::fs::read(dest.path().join("vmlinuz")).ok();
+    (out, got)
+}
+
+#[test]
+fn pull_through_cache_serves_the_fleet_and_a_dead_one_falls_back() {
+    // A docker-registry in proxy mode in front of the upstream, named in every node's
+    // hosts.toml as the Spegel/pull-through cache example of
+    // docs/registries-and-trust.md#registry-configuration-on-containerd-nodes does.
+    let u = up();
+    let (img, k) = case_image("cache");
+    push(&[&u], "c/cache", &img);
+    let cache = Registry::start_with(RegistryConfig {
+        proxy_remote: Some(format!("http://{}", u.host())),
+        ..Default::default()
+    });
+    let toml = format!(
+        "server = \"http://{}\"\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+        u.host(),
+        cache.host()
+    );
+    let nodes: Vec<Node> = (0..8)
+        .map(|_| {
+            let n = Node::new();
+            n.write("upstream.test/hosts.toml", toml.as_bytes());
+            n
+        })
+        .collect();
+    let image = "upstream.test/c/cache:v1";
+    // The first node fills the cache; the other seven pull at once.
+    let (out, got) = fetch_on(&nodes[0], image);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(got.as_deref(), Some(&k[..]));
+    std::thread::scope(|s| {
+        let runs: Vec<_> = nodes[1..].iter().map(|n| s.spawn(|| fetch_on(n, image))).collect();
+        for r in runs {
+            let (out, got) = r.join().expect("thread");
+            assert!(out.status.success(), "{}", show(&out));
+            assert_eq!(got.as_deref(), Some(&k[..]));
+        }
+    });
+    let top = &img.layers[1].digest;
+    let upstream_gets =
+        requests(&u.log(), 0).into_iter().filter(|(m, p)| m == "GET" && p.ends_with(&format!("/blobs/{top}"))).count();
+    // distribution's proxy mode commits a blob after serving it: a request arriving before
+    // the commit is passed through, so "once" is not guaranteed; far fewer than the nodes is.
+    eprintln!("upstream GETs of the kernel layer for 8 nodes: {upstream_gets}");
+    assert!((1..8).contains(&upstream_gets), "the cache absorbed the fleet ({upstream_gets} upstream GETs)");
+    let cache_gets = requests(&cache.log(), 0)
+        .into_iter()
+        .filter(|(m, p)| m == "GET" && p.ends_with(&format!("/blobs/{top}")))
+        .count();
+    assert_eq!(cache_gets, 8, "every node read the layer from the cache\n{}", cache.log());
+
+    // The cache dies: a node falls back to the upstream at once.
+    drop(cache);
+    let before = u.log().len();
+    let n = Node::new();
+    n.write("upstream.test/hosts.toml", toml.as_bytes());
+    let t = Instant::now();
+    let (out, got) = fetch_on(&n, image);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(got.as_deref(), Some(&k[..]));
+    assert!(t.elapsed() < Duration::from_secs(30), "fell back within the deadline: {:?}", t.elapsed());
+    assert!(requests(&u.log(), before).iter().any(|(_, p)| p.ends_with(&format!("/blobs/{top}"))));
+}
