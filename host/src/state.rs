@@ -80,6 +80,15 @@ pub(crate) struct PublishedRecord {
     pub summary: Option<String>,
 }
 
+/// An IBM SE host key document the published reference values were computed with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DocumentRecord {
+    /// Node path (as `seHostKeyDocuments` names it).
+    pub path: String,
+    /// sha256 (hex) of its contents when the values were computed.
+    pub sha256: String,
+}
+
 /// One installed drop-in: one per runtime configuration the addon was installed for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -138,6 +147,10 @@ pub(crate) struct State {
     /// against it (docs/design.md#node-kata-release).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kata: Option<KataRecord>,
+    /// The IBM SE host key documents (`seHostKeyDocuments`) the published values were
+    /// computed with: another list, or another document content, republishes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_key_documents: Vec<DocumentRecord>,
 }
 
 /// The node's Kata release an install saw and the `kataVersion` it checked.
@@ -297,6 +310,7 @@ impl StateV1 {
             runtime_classes: Vec::new(),
             published: Vec::new(),
             kata: None,
+            host_key_documents: Vec::new(),
         }
     }
 }

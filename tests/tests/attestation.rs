@@ -568,3 +568,101 @@ fn an_up_to_date_install_publishes_the_values_of_a_version_installed_before_publ
     d.signal("TERM");
     assert_eq!(d.wait_exit(Duration::from_secs(60)), Some(0), "{}", d.log());
 }
+
+/// The computed `se.*` values of the published `reference-values.json`, as `{name: [values]}`.
+fn published_se_values(node: &Node) -> serde_json::Value {
+    let path = node.path(&format!("{}/reference-values.json", version_dir(node)));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).expect("published")).expect("json");
+    let mut out = serde_json::Map::new();
+    for x in v["targets"][0]["values"].as_array().expect("values") {
+        let name = x["name"].as_str().expect("name");
+        if name.starts_with("se.") && x["status"] == "computed" {
+            out.insert(name.to_string(), x["values"].clone());
+        }
+    }
+    serde_json::Value::Object(out)
+}
+
+#[test]
+fn host_key_documents_named_by_the_configmap_are_read_from_the_node() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cache = dir.path();
+    let (hkd1, hkd2) = (host_key_document(cache, "host1"), host_key_document(cache, "host2"));
+    let node = se_node(Some(true));
+    let pem = |p: &Path| std::fs::read_to_string(p).expect("read the document");
+    node.write("/etc/hkd/host1.crt", &pem(&hkd1));
+    node.write("/etc/hkd/host2.crt", &pem(&hkd2));
+    node.write(
+        "/etc/hkd/garbage.crt",
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+    );
+    let hdr = Hdr::new(vec![phkh(&hkd1), [0x5a; 32], phkh(&hkd2)], 91).bytes();
+    let kernel = se_image(&hdr, 0x14000, 0x20000, 91);
+    let hdr_file = cache.join("oracle-hdr.bin");
+    std::fs::write(&hdr_file, &hdr).expect("write");
+    let layout = cache.join("layout-hkd");
+    layout_with(&layout, "hkd", &[("vmlinuz", &kernel)]);
+    let image = format!("oci:{}:hkd", layout.display());
+    let install = |docs: &str| {
+        kata(
+            &node,
+            cache,
+            &["install"],
+            &[("ADDON_IMAGE", &image), ("ADDON_KERNEL_PATH", "/vmlinuz"), ("ADDON_SE_HOST_KEY_DOCUMENTS", docs)],
+        )
+    };
+    let expected = |docs: &[&Path]| -> serde_json::Value {
+        let mut args = vec!["values".to_string(), hdr_file.display().to_string()];
+        args.extend(docs.iter().map(|d| d.display().to_string()));
+        serde_json::from_str(&oracle(&args.iter().map(String::as_str).collect::<Vec<_>>())).expect("oracle json")
+    };
+    let refusals = [
+        ("/etc/hkd/host1.crt,/etc/hkd/missing.crt", "/etc/hkd/missing.crt"),
+        ("/etc/hkd/garbage.crt", "/etc/hkd/garbage.crt"),
+    ];
+    let refused = |when: &str| {
+        for (docs, file) in refusals {
+            let before = snapshot(node.root());
+            let o = install(docs);
+            assert_eq!(o.status.code(), Some(1), "{when}, {docs}: {}", show(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("seHostKeyDocuments") && err.contains(file), "{when}, {docs}: {err}");
+            assert_eq!(snapshot(node.root()), before, "{when}, {docs}: the node is unchanged");
+        }
+    };
+
+    // A missing or unparsable document refuses the install of a fresh node.
+    refused("fresh node");
+
+    // Both documents: the values Trustee checks, at install and from `reference-values`.
+    let o = install("/etc/hkd/host1.crt,/etc/hkd/host2.crt");
+    assert!(o.status.success(), "{}", show(&o));
+    let both = expected(&[&hkd1, &hkd2]);
+    assert!(both.get("se.image_phkh").is_some() && both.get("se.attestation_phkh").is_some(), "{both}");
+    assert_eq!(published_se_values(&node), both);
+    let o = kata(&node, cache, &["reference-values", "--output", "rvps"], &[]);
+    assert!(o.status.success(), "the recorded documents are used: {}", show(&o));
+    let p = &rvps_payloads(&o.stdout)[0];
+    let got: serde_json::Map<String, serde_json::Value> =
+        p.iter().filter(|(k, _)| k.starts_with("se.")).map(|(k, v)| (k.clone(), v.clone())).collect();
+    assert_eq!(serde_json::Value::Object(got), both);
+
+    // Another list republishes them; the same list again is up to date.
+    let o = install("/etc/hkd/host2.crt");
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("host key documents"), "{}", show(&o));
+    assert_eq!(published_se_values(&node), expected(&[&hkd2]));
+    let o = install("/etc/hkd/host2.crt");
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("up to date:"), "{}", show(&o));
+
+    // A document whose content changed on the node (another machine's key) republishes.
+    node.write("/etc/hkd/host2.crt", &pem(&hkd1));
+    let o = install("/etc/hkd/host2.crt");
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(published_se_values(&node), expected(&[&hkd1]));
+
+    // Refused on an installed node too, the node unchanged; status still healthy.
+    refused("installed node");
+    let o = kata(&node, cache, &["status"], &[]);
+    assert!(o.status.success(), "{}", show(&o));
+}

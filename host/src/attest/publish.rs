@@ -14,7 +14,7 @@ use crate::hash::sha256_hex;
 use crate::kata_config::{self, Fragment};
 use crate::node::{self, Root};
 use crate::policy::Provider;
-use crate::state::{FileRecord, PublishedRecord, State};
+use crate::state::{DocumentRecord, FileRecord, PublishedRecord, State};
 
 /// The reference values, beside the installed files.
 pub(crate) const REFERENCE_VALUES_FILE: &str = "reference-values.json";
@@ -57,17 +57,18 @@ fn fragments_with(root: &Root, p: &Pending<'_>) -> Result<Vec<Fragment>> {
     Ok(all)
 }
 
-/// The targets of an install about to be committed.
+/// The targets of an install about to be committed, with the host key documents `keys`.
 pub(crate) fn pending_targets<'r>(
     root: &'r Root,
     provider: Provider,
     pending: &[Pending<'_>],
     files: &[FileRecord],
+    keys: &[(String, hkd::HostKey)],
 ) -> Result<Vec<Target<'r>>> {
     pending
         .iter()
         .map(|p| {
-            Ok(Target::new(
+            let mut t = Target::new(
                 root,
                 provider,
                 p.runtime_config,
@@ -75,7 +76,9 @@ pub(crate) fn pending_targets<'r>(
                 fragments_with(root, p)?,
                 files.to_vec(),
                 Overrides::default(),
-            ))
+            );
+            t.host_keys = keys.to_vec();
+            Ok(t)
         })
         .collect()
 }
@@ -184,7 +187,7 @@ pub(crate) fn at_install(
 }
 
 fn write(dir: &Dir, dir_path: &str, name: &str, bytes: &[u8], summary: Option<String>) -> Result<PublishedRecord> {
-    node::write_synced(dir, name, bytes).with_context(|| format!("writing {dir_path}/{name}"))?;
+    node::write_atomic(dir, name, bytes).with_context(|| format!("writing {dir_path}/{name}"))?;
     Ok(PublishedRecord {
         path: format!("{dir_path}/{name}"),
         sha256: sha256_hex(bytes),
@@ -206,6 +209,38 @@ pub(crate) fn host_keys(root: &Path, files: &[std::path::PathBuf]) -> Result<Vec
         out.push((name.clone(), hkd::parse(&bytes, &format!("--host-key-document {name}"))?));
     }
     Ok(out)
+}
+
+/// Host key documents by name, with their key hashes.
+pub(crate) type HostKeys = Vec<(String, hkd::HostKey)>;
+
+/// The ConfigMap key naming host key documents on the node.
+pub(crate) const HOST_KEY_DOCUMENTS_KEY: &str = "seHostKeyDocuments";
+
+/// Host key documents named by node path (`seHostKeyDocuments`, or what a state records),
+/// read beneath `root` with a size cap and hashed, and what the state records of them; a
+/// missing or unparsable document is an error naming the key and the file.
+pub(crate) fn node_host_keys(root: &Path, docs: &[String]) -> Result<(HostKeys, Vec<DocumentRecord>)> {
+    let (mut keys, mut records) = (Vec::new(), Vec::new());
+    if docs.is_empty() {
+        return Ok((keys, records));
+    }
+    let fs = crate::nodefs::NodeFs::open(root)?;
+    for d in docs {
+        let what = format!("{HOST_KEY_DOCUMENTS_KEY}: {d}");
+        let Some(bytes) =
+            fs.read(&crate::nodefs::FilePath::node(d), hkd::MAX_DOCUMENT).with_context(|| what.clone())?
+        else {
+            bail!(
+                "{what}: no such file on the node (a host key document is the X.509 certificate of an IBM Z \
+                 machine's EC P-521 host key); the node is unchanged"
+            );
+        };
+        let key = hkd::parse(&bytes, &what).map_err(|e| anyhow::anyhow!("{e:#}; the node is unchanged"))?;
+        keys.push((d.clone(), key));
+        records.push(DocumentRecord { path: d.clone(), sha256: sha256_hex(&bytes) });
+    }
+    Ok((keys, records))
 }
 
 /// The reference values of what the state records, from the node's files now.

@@ -202,7 +202,8 @@ pub(crate) fn values(h: &Header, file: &str, keys: &[(String, HostKey)]) -> Vec<
         for name in ["se.image_phkh", "se.attestation_phkh"] {
             out.push(Value::Unavailable {
                 name: name.into(),
-                reason: "no host key document given (--host-key-document, or the ConfigMap key hostKeyDocument)".into(),
+                reason: "no host key document given (--host-key-document, or the ConfigMap key seHostKeyDocuments)"
+                    .into(),
             });
         }
         return out;

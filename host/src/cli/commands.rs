@@ -121,12 +121,17 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
 /// chosen format; exit 1 when one could not be computed, 3 when nothing is installed.
 fn reference_values(args: &super::ReferenceValuesArgs) -> Result<ExitCode> {
     let overrides = args.overrides()?;
-    let keys = crate::attest::publish::host_keys(&args.root, &args.host_key_documents)?;
+    let mut keys = crate::attest::publish::host_keys(&args.root, &args.host_key_documents)?;
     let site = crate::node::Site { root: args.root.clone(), lock_timeout: std::time::Duration::ZERO };
     let Some(st) = install::recorded_state(&site)? else {
         eprintln!("nothing installed");
         return Ok(ExitCode::from(3));
     };
+    // Without --host-key-document: the documents the install used (`seHostKeyDocuments`).
+    if args.host_key_documents.is_empty() {
+        let recorded: Vec<String> = st.host_key_documents.iter().map(|d| d.path.clone()).collect();
+        keys = crate::attest::publish::node_host_keys(&args.root, &recorded)?.0;
+    }
     let root = crate::node::Root::open(&args.root)?;
     let published = crate::attest::publish::of_state(&root, &st, &args.runtime_classes, &overrides, &keys)?;
     let text = match args.output {

@@ -29,7 +29,7 @@ use crate::lock;
 use crate::node::{self, Root, Site, remove_entry};
 use crate::policy::{DropIn, Plan, Policy};
 use crate::source::ImageRef;
-use crate::state::{self, DropInRecord, FileRecord, KataRecord, PublishedRecord, State, TrustRecord};
+use crate::state::{self, DocumentRecord, DropInRecord, FileRecord, KataRecord, PublishedRecord, State, TrustRecord};
 
 /// Work of one install not committed yet: the staging (then version) directory in the
 /// install directory and the temporary drop-ins beside runtime configurations. Dropping
@@ -224,7 +224,11 @@ pub async fn install_observed(
     let mut image = image_ref(plan);
     let pull = Pull::new(opts);
     pull.admit(&image).await?;
-    let tx = Transaction::begin(policy, plan, root, site, selection, kata).await?;
+    // The host key documents the ConfigMap names: read before anything is written.
+    let (host_keys, key_records) = attest::node_host_keys(&site.root, &plan.se_host_key_documents)?;
+    let mut tx = Transaction::begin(policy, plan, root, site, selection, kata).await?;
+    tx.host_keys = host_keys;
+    tx.key_records = key_records;
     let recorded = tx.old.as_ref().filter(|o| pin == Pin::Recorded && same_request(plan, &o.manifest_digest, o));
     // Drift repair restores the recorded digest (trusted when it was installed).
     if let (Some(o), ImageRef::Registry { digest, .. }) = (recorded, &mut image) {
@@ -288,6 +292,10 @@ struct Transaction<'a> {
     created: node::Created,
     /// The node's Kata release and the `kataVersion` checked, for the new state.
     kata: KataRecord,
+    /// The IBM SE host key documents the plan names (`seHostKeyDocuments`), hashed.
+    host_keys: Vec<(String, crate::attest::hkd::HostKey)>,
+    /// What the state records of them.
+    key_records: Vec<DocumentRecord>,
     _lock: lock::NodeLock,
 }
 
@@ -323,7 +331,19 @@ impl<'a> Transaction<'a> {
                 "resolved runtime config"
             );
         }
-        Ok(Transaction { policy, plan, root, target, old, known, created, kata, _lock: lock })
+        Ok(Transaction {
+            policy,
+            plan,
+            root,
+            target,
+            old,
+            known,
+            created,
+            kata,
+            host_keys: Vec::new(),
+            key_records: Vec::new(),
+            _lock: lock,
+        })
     }
 
     /// The switch to a new version: stage, render, state, commit, collect.
@@ -357,6 +377,7 @@ impl<'a> Transaction<'a> {
         // without a header for a confidential guest is refused here), then the state.
         let mut st = self.new_state(&dir_name, report_digest, &files, &checked, records(&drop_ins, t), trust);
         st.published = self.publish(&dir_name, &drop_ins, &st.files, attest::PlainSeKernel::Refuse)?;
+        st.host_key_documents = self.key_records.clone();
         state::write(&t.addons, &st)?;
         // The state refers to the new directory now: a failed commit leaves it for the next run.
         work.keep_dir();
@@ -392,7 +413,7 @@ impl<'a> Transaction<'a> {
                 contents: &d.contents,
             })
             .collect();
-        let targets = attest::pending_targets(&self.root, self.plan.provider, &pending, files)?;
+        let targets = attest::pending_targets(&self.root, self.plan.provider, &pending, files, &self.host_keys)?;
         let dir = t.addons.open_dir(dir_name).with_context(|| format!("opening {INSTALL_DIR}/{dir_name}"))?;
         let records = attest::at_install(&targets, &dir, &format!("{INSTALL_DIR}/{dir_name}"), plain)?;
         node::fsync_dir(&dir)?;
@@ -450,6 +471,7 @@ impl<'a> Transaction<'a> {
             runtime_classes: super::target::plan_runtime_classes(plan).to_vec(),
             published: Vec::new(),
             kata: Some(self.kata.clone()),
+            host_key_documents: Vec::new(),
         }
     }
 
@@ -478,19 +500,25 @@ impl<'a> Transaction<'a> {
         }
         let obsolete = obsolete_drop_ins(old, &new_records);
         // A version installed before kata-addons published reference values gets them now,
-        // for the drop-ins as this run leaves them (docs/attestation.md).
-        let published = if old.published.is_empty() {
-            node::ensure_writable(&t.addons, INSTALL_DIR)?;
-            let records = self.publish(&old.version_dir, &drop_ins, &old.files, attest::PlainSeKernel::Warn)?;
-            let mut st = old.clone();
-            st.published = records.clone();
-            what.push(format!(
-                "reference values published for the installed version (installed before kata-addons published them): {}",
-                published_summary(&st).unwrap_or_default()
-            ));
-            records
+        // and other host key documents republish them, for the drop-ins as this run leaves
+        // them (docs/attestation.md).
+        let why = if old.published.is_empty() {
+            Some("reference values published for the installed version (installed before kata-addons published them)")
+        } else if old.host_key_documents != self.key_records {
+            Some("reference values published again: the IBM SE host key documents (seHostKeyDocuments) changed")
         } else {
-            old.published.clone()
+            None
+        };
+        let published = match why {
+            Some(why) => {
+                node::ensure_writable(&t.addons, INSTALL_DIR)?;
+                let records = self.publish(&old.version_dir, &drop_ins, &old.files, attest::PlainSeKernel::Warn)?;
+                let mut st = old.clone();
+                st.published = records.clone();
+                what.push(format!("{why}: {}", published_summary(&st).unwrap_or_default()));
+                records
+            }
+            None => old.published.clone(),
         };
         if drifted.is_empty()
             && old.drop_ins == new_records
@@ -503,6 +531,7 @@ impl<'a> Transaction<'a> {
                 return Ok(Outcome::UpToDate(st));
             }
             st.published = published;
+            st.host_key_documents = self.key_records.clone();
             state::write(&t.addons, &st)?;
             self.gc(&mut st)?;
             for w in &what {
@@ -527,6 +556,7 @@ impl<'a> Transaction<'a> {
         let mut st = old.clone();
         st.drop_ins = new_records;
         st.published = published;
+        st.host_key_documents = self.key_records.clone();
         st.previous_drop_ins = obsolete;
         st.runtime_classes = super::target::plan_runtime_classes(plan).to_vec();
         state::write(&t.addons, &st)?;
