@@ -22,6 +22,7 @@ pub mod layout;
 mod lock;
 pub mod logging;
 mod measured;
+mod metrics;
 pub mod node;
 mod nodefs;
 mod plan;

@@ -38,6 +38,7 @@ pub mod measure;
 pub mod node;
 pub mod oras;
 pub mod ovmf;
+pub mod prometheus;
 pub mod proxy;
 pub mod registry;
 pub mod tls;

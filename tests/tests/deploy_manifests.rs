@@ -375,6 +375,10 @@ struct Manifests {
     role_bindings: Vec<RoleBinding>,
     namespaces: Vec<Namespace>,
     daemon_sets: Vec<DaemonSet>,
+    services: Vec<Service>,
+    /// The Prometheus operator's objects (ServiceMonitor, PrometheusRule): not in
+    /// k8s-openapi, checked field by field.
+    monitoring: Vec<Value>,
 }
 
 /// Builds `host/deploy/<name>` and types every object of the result.
@@ -392,6 +396,8 @@ fn load(name: &str) -> Manifests {
             ("rbac.authorization.k8s.io/v1", "Role") => m.roles.push(typed(&what, doc)),
             ("rbac.authorization.k8s.io/v1", "RoleBinding") => m.role_bindings.push(typed(&what, doc)),
             ("apps/v1", "DaemonSet") => m.daemon_sets.push(typed(&what, doc)),
+            ("v1", "Service") => m.services.push(typed(&what, doc)),
+            ("monitoring.coreos.com/v1", "ServiceMonitor" | "PrometheusRule") => m.monitoring.push(doc.clone()),
             _ => panic!("{what}: {api} {kind} is not a kind these tests know; add it"),
         }
     }
@@ -538,14 +544,15 @@ fn every_overlay_builds_and_its_objects_round_trip_typed() {
             .chain(m.service_accounts.iter().map(|o| &o.metadata))
             .chain(m.roles.iter().map(|o| &o.metadata))
             .chain(m.role_bindings.iter().map(|o| &o.metadata))
-            .chain(m.daemon_sets.iter().map(|o| &o.metadata));
+            .chain(m.daemon_sets.iter().map(|o| &o.metadata))
+            .chain(m.services.iter().map(|o| &o.metadata));
         for meta in metas {
             assert_eq!(meta.namespace.as_deref(), Some(NAMESPACE), "{name}: {:?}", meta.name);
         }
         assert_eq!(m.daemon_sets.len(), 1, "{name}");
     }
     let os = load("openshift");
-    assert_eq!((os.config_maps.len(), os.service_accounts.len(), os.roles.len(), os.namespaces.len()), (1, 1, 1, 0));
+    assert_eq!((os.config_maps.len(), os.service_accounts.len(), os.roles.len(), os.namespaces.len()), (1, 1, 2, 1));
     let up = load("upstream");
     assert_eq!((up.config_maps.len(), up.service_accounts.len(), up.roles.len(), up.namespaces.len()), (1, 1, 0, 1));
     let un = load("uninstall");
@@ -632,8 +639,8 @@ fn service_account_and_scc_binding() {
     let sa = &os.service_accounts[0];
     let sa_name = sa.metadata.name.as_deref().expect("name");
     assert_eq!(sa.automount_service_account_token, Some(false));
-    assert_eq!(os.role_bindings.len(), 1);
-    for rb in &os.role_bindings {
+    assert_eq!(os.role_bindings.len(), 2, "the SCC binding and the monitoring one");
+    for rb in os.role_bindings.iter().filter(|rb| rb.role_ref.name == "kata-addons-privileged-scc") {
         let role = os.roles.iter().find(|r| r.metadata.name.as_deref() == Some(&rb.role_ref.name));
         assert!(rb.role_ref.kind == "Role" && role.is_some(), "RoleBinding refers to a Role in rbac.yaml");
         let subjects = rb.subjects.as_deref().unwrap_or_default();
@@ -732,7 +739,8 @@ fn openshift_overlay_selects_kata_oc_nodes_under_the_privileged_scc() {
             "{what}: the pod pins the SCC it is granted"
         );
     }
-    let role = &m.roles[0];
+    let role =
+        m.roles.iter().find(|r| r.metadata.name.as_deref() == Some("kata-addons-privileged-scc")).expect("SCC role");
     assert!(role.rules.iter().flatten().any(|r| r.resource_names.iter().flatten().any(|n| n == "privileged")));
 }
 
@@ -1140,6 +1148,8 @@ fn webhook_doc(what: &str, doc: &Value, base: &mut Vec<(String, Value)>) {
         }
         // cert-manager's CRDs are not in k8s-openapi: checked field by field below.
         ("cert-manager.io/v1", "Issuer" | "Certificate") => {}
+        // The Prometheus operator's CRD: checked field by field (tests below).
+        ("monitoring.coreos.com/v1", "ServiceMonitor") => {}
         (api, kind) => panic!("{what}: {api} {kind} is not a kind these tests know; add it"),
     }
     base.push((kind, doc.clone()));
@@ -1458,4 +1468,146 @@ fn builds_match_kubectl_kustomize() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Metrics (docs/metrics.md): the port, the Service and ServiceMonitor of each workload,
+// the PrometheusRule, and OpenShift cluster monitoring.
+
+/// The port of a `--metrics-address ADDR:PORT` argument.
+fn metrics_port(what: &str, args: &[String]) -> i32 {
+    let addr = flag_value(args, "--metrics-address").unwrap_or_else(|| panic!("{what} serves metrics"));
+    addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{what}: port of {addr}"))
+}
+
+/// The `containerPort` of the port named `metrics`.
+fn container_metrics_port(what: &str, c: &Container) -> i32 {
+    c.ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("metrics"))
+        .unwrap_or_else(|| panic!("{what}: a container port named metrics"))
+        .container_port
+}
+
+/// A ServiceMonitor selecting `labels` (a Service's) and scraping its port `metrics`.
+fn check_service_monitor(what: &str, sm: &Value, service_labels: &BTreeMap<String, String>) {
+    let select = sm["spec"]["selector"]["matchLabels"].as_object().unwrap_or_else(|| panic!("{what}: matchLabels"));
+    assert!(!select.is_empty(), "{what}");
+    for (k, v) in select {
+        assert_eq!(service_labels.get(k).map(String::as_str), v.as_str(), "{what}: selects the Service by {k}");
+    }
+    let endpoints = sm["spec"]["endpoints"].as_array().unwrap_or_else(|| panic!("{what}: endpoints"));
+    assert_eq!(endpoints.len(), 1, "{what}");
+    assert_eq!(endpoints[0]["port"], "metrics", "{what}");
+    assert_eq!(endpoints[0]["path"], "/metrics", "{what}");
+    assert_eq!(endpoints[0]["scheme"], "http", "{what}");
+}
+
+#[test]
+fn every_install_overlay_serves_scrapes_and_alerts_on_the_daemon_metrics() {
+    for m in installs() {
+        let what = m.name.clone();
+        let ds = the_daemon_set(&m);
+        let c = runner(ds);
+        let port = metrics_port(&what, &argv(c));
+        assert_eq!(container_metrics_port(&what, c), port, "{what}: the container port is the listener's");
+        let pod_labels = ds.spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+        let svc = m
+            .services
+            .iter()
+            .find(|s| s.metadata.name.as_deref() == Some("kata-addons-metrics"))
+            .unwrap_or_else(|| panic!("{what}: the Service kata-addons-metrics"));
+        let spec = svc.spec.as_ref().expect("spec");
+        for (k, v) in spec.selector.iter().flatten() {
+            assert_eq!(pod_labels.get(k), Some(v), "{what}: the Service selects the DaemonSet's pods by {k}");
+        }
+        let sp = spec.ports.iter().flatten().find(|p| p.name.as_deref() == Some("metrics")).expect("port metrics");
+        assert_eq!(sp.target_port, Some(IntOrString::String("metrics".into())), "{what}");
+        let svc_labels = svc.metadata.labels.clone().unwrap_or_default();
+        let sms: Vec<&Value> = m.monitoring.iter().filter(|o| o["kind"] == "ServiceMonitor").collect();
+        assert_eq!(sms.len(), 1, "{what}: one ServiceMonitor");
+        check_service_monitor(&what, sms[0], &svc_labels);
+        let rules: Vec<&Value> = m.monitoring.iter().filter(|o| o["kind"] == "PrometheusRule").collect();
+        assert_eq!(rules.len(), 1, "{what}: one PrometheusRule");
+        let alerts: BTreeSet<&str> = rules[0]["spec"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+            .filter_map(|r| r["alert"].as_str())
+            .collect();
+        for a in [
+            "KataAddonsReconcileFailing",
+            "KataAddonsVersionSkew",
+            "KataAddonsDaemonNotReady",
+            "KataAddonsWebhookErrors",
+            "KataAddonsWebhookDenying",
+        ] {
+            assert!(alerts.contains(a), "{what}: alert {a}");
+        }
+        for o in &m.monitoring {
+            assert_eq!(o["metadata"]["namespace"], NAMESPACE, "{what}");
+        }
+    }
+    let un = load("uninstall");
+    assert!(un.monitoring.is_empty() && un.services.is_empty(), "uninstall keeps the install's objects");
+}
+
+#[test]
+fn openshift_labels_the_namespace_for_cluster_monitoring_and_lets_prometheus_list_endpoints() {
+    let m = load("openshift");
+    assert_eq!(m.namespaces.len(), 1);
+    let ns = &m.namespaces[0];
+    assert_eq!(ns.metadata.name.as_deref(), Some(NAMESPACE));
+    let labels = ns.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("openshift.io/cluster-monitoring").map(String::as_str), Some("true"));
+    let rb = m
+        .role_bindings
+        .iter()
+        .find(|rb| rb.role_ref.name == "kata-addons-prometheus")
+        .expect("the monitoring RoleBinding");
+    let subjects = rb.subjects.as_deref().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (subjects[0].kind.as_str(), subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+        ("ServiceAccount", "prometheus-k8s", Some("openshift-monitoring"))
+    );
+    let role = m
+        .roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some("kata-addons-prometheus"))
+        .expect("the monitoring Role");
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.iter().flatten() {
+        assert_eq!(rule.verbs, ["get", "list", "watch"], "read-only");
+        for r in rule.resources.iter().flatten() {
+            granted.insert(r.as_str());
+        }
+    }
+    for r in ["services", "endpoints", "pods"] {
+        assert!(granted.contains(r), "prometheus-k8s may list {r}");
+    }
+    let up = load("upstream");
+    let up_labels = up.namespaces[0].metadata.labels.clone().unwrap_or_default();
+    assert!(!up_labels.contains_key("openshift.io/cluster-monitoring"), "upstream has no OpenShift monitoring");
+}
+
+#[test]
+fn the_webhook_serves_metrics_on_its_service_with_a_service_monitor() {
+    let b = load_webhook_base();
+    let spec = b.deployment.spec.template.spec.as_ref().expect("pod spec");
+    let c = &spec.containers[0];
+    let port = metrics_port("webhook", &argv(c));
+    assert_eq!(container_metrics_port("webhook", c), port);
+    let sp = b.service.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default();
+    let mp = sp.iter().find(|p| p.name.as_deref() == Some("metrics")).expect("Service port metrics");
+    assert_eq!(mp.target_port, Some(IntOrString::String("metrics".into())));
+    let svc_labels = b.service.metadata.labels.clone().unwrap_or_default();
+    let sms: Vec<Value> = documents(&webhook_dir().join("base/monitoring.yaml"))
+        .into_iter()
+        .filter(|d| d["kind"] == "ServiceMonitor")
+        .collect();
+    assert_eq!(sms.len(), 1);
+    check_service_monitor("webhook", &sms[0], &svc_labels);
 }

@@ -14,7 +14,7 @@ use crate::configmap::Input;
 use crate::fetch::{self, PullOptions, Wanted};
 use crate::install::{self, Outcome};
 use crate::source::ImageRef;
-use crate::{GUEST_WASM, daemon, plan, preview, webhook};
+use crate::{GUEST_WASM, daemon, metrics, plan, preview, webhook};
 
 /// Runs one command; the exit code for success paths, an error otherwise.
 pub fn run(cli: Cli) -> Result<ExitCode> {
@@ -100,14 +100,25 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Webhook(args) => {
             let options = args.options()?;
             let policy = g.load_policy()?;
-            runtime()?.block_on(webhook::serve(&options, policy))?;
+            let rt = runtime()?;
+            let mut registry = metrics::Registry::default();
+            let recorder = metrics::webhook::WebhookMetrics::register(&mut registry);
+            if let Some(addr) = options.metrics {
+                rt.block_on(metrics::serve::spawn(addr, registry))?;
+            }
+            rt.block_on(webhook::serve(&options, policy, recorder))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Daemon(args) => {
             let options = args.options()?;
             let policy = g.load_policy()?;
             let rt = runtime()?;
-            let result = rt.block_on(daemon::Daemon::new(options).run(&policy));
+            let mut registry = metrics::Registry::default();
+            let recorder = metrics::daemon::DaemonMetrics::register(&mut registry);
+            if let Some(addr) = options.metrics {
+                rt.block_on(metrics::serve::spawn(addr, registry))?;
+            }
+            let result = rt.block_on(daemon::Daemon::new(options, recorder).run(&policy));
             // An install abandoned on SIGTERM may still run on the blocking pool: do not
             // wait for it (the node keeps its previous state, as after a crash).
             rt.shutdown_timeout(std::time::Duration::from_millis(100));

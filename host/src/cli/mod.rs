@@ -426,6 +426,10 @@ pub struct DaemonArgs {
     /// …up to this; another input, another image digest or a success starts over.
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
     pub failure_backoff_max: f64,
+    /// Serve Prometheus metrics (`GET /metrics`, plain HTTP) here; off when not given
+    /// (docs/metrics.md).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_address: Option<SocketAddr>,
 }
 
 /// `kata-addons webhook` options (docs/design.md#webhook, docs/webhook.md).
@@ -475,4 +479,8 @@ pub struct WebhookArgs {
     /// declared length, or 3 MiB, before it is read; beyond this reviews wait, then get 503).
     #[arg(long, value_name = "MIB", default_value_t = 32)]
     pub body_budget: usize,
+    /// Serve Prometheus metrics (`GET /metrics`, plain HTTP) here, with connection slots of
+    /// their own; off when not given (docs/metrics.md).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_address: Option<SocketAddr>,
 }

@@ -227,6 +227,7 @@ impl WebhookArgs {
             max_connections: count("max-connections", self.max_connections, 1, 65536)?,
             max_connections_per_ip: count("max-connections-per-ip", self.max_connections_per_ip, 1, 65536)?,
             body_budget: count("body-budget", self.body_budget, 3, 1024)? << 20,
+            metrics: self.metrics_address,
         })
     }
 }
@@ -271,6 +272,7 @@ impl DaemonArgs {
             verify_interval,
             backoff_min,
             backoff_max,
+            metrics: self.metrics_address,
         })
     }
 }

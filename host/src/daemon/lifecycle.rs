@@ -76,6 +76,7 @@ impl Daemon {
             ),
         }
         ready::write(&self.o.ready_file, &[])?;
+        self.metrics.ready(true);
         tracing::info!(ready_file = %self.o.ready_file.display(), "ready; waiting for SIGTERM");
         let s = stop.wait().await;
         tracing::info!("{s}: exiting");
@@ -288,7 +289,8 @@ impl Run<'_> {
     async fn check(&mut self, stop: &mut Stop, depth: Depth, why: &str) -> bool {
         let Some(input) = self.good.clone().filter(|_| self.lock.is_some()) else { return true };
         let digest = ownership::input_digest(&input);
-        let work = self.d.check(self.policy, &input, &digest, depth, why, &mut self.repairs);
+        let current = input == self.input;
+        let work = self.d.check(self.policy, &input, &digest, current, depth, why, &mut self.repairs);
         match stop.unless_stopped(work).await {
             None => false,
             Some(Checked::Deferred) => true,
@@ -378,6 +380,9 @@ impl Run<'_> {
             l.as_ref()
                 .map(|v| v.iter().map(|s| s.split(" (in ").next().unwrap_or_default().to_string()).collect::<Vec<_>>())
         };
+        let waiting = self.backoff.pending(&self.digest).or_else(|| self.repairs.waiting(&self.good_digest()));
+        d.metrics.backoff(waiting.map(|r| r.wait));
+        d.metrics.ready(lines.is_some());
         if key(&lines) == key(&self.readiness) {
             return Ok(());
         }

@@ -27,6 +27,7 @@ use std::time::Duration;
 use crate::configmap;
 use crate::fetch::PullOptions;
 use crate::kata_config::Selection;
+use crate::metrics::daemon::DaemonMetrics;
 use crate::node::Site;
 
 /// `daemon` actions.
@@ -78,17 +79,20 @@ pub struct DaemonOptions {
     pub backoff_min: Duration,
     /// …up to this.
     pub backoff_max: Duration,
+    /// Where to serve Prometheus metrics, if anywhere (started by the command layer).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
-/// The daemon: its options, for the life of the process.
+/// The daemon: its options and metrics, for the life of the process.
 pub struct Daemon {
     o: DaemonOptions,
+    metrics: DaemonMetrics,
 }
 
 impl Daemon {
-    /// A daemon with these options.
-    pub fn new(options: DaemonOptions) -> Self {
-        Daemon { o: options }
+    /// A daemon with these options, recording into `metrics`.
+    pub(crate) fn new(options: DaemonOptions, metrics: DaemonMetrics) -> Self {
+        Daemon { o: options, metrics }
     }
 }
 

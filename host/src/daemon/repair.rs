@@ -16,8 +16,10 @@ use super::backoff::Backoff;
 use super::{Daemon, parent};
 use crate::configmap::Input;
 use crate::install::{self, FileFacts, Observed, Outcome, Pin};
+use crate::metrics::daemon::{InstalledInfo, Reconciled, Repair};
 use crate::plan;
 use crate::policy::Policy;
+use crate::state::State;
 
 /// How deep a check looks at the installed files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +46,26 @@ pub(super) struct Repairs {
     limit: Backoff,
     /// A check was asked for while `limit` held it back: run it when the wait is over.
     deferred: bool,
+}
+
+/// Which kind of reconcile a result is of, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// A ConfigMap applied (a change, or the first action).
+    Apply,
+    /// A check of the node against the state; `current`: of the ConfigMap as it is now.
+    Check { current: bool },
+}
+
+/// What is installed, from the state, for `kata_addons_installed_info`.
+fn installed_info(st: &State) -> InstalledInfo {
+    InstalledInfo {
+        version: st.version.clone(),
+        image: st.image.clone(),
+        digest: st.manifest_digest.clone(),
+        provider: st.provider.name().to_string(),
+        runtime_class: st.runtime_classes.join(","),
+    }
 }
 
 /// What a check did, for the loop.
@@ -92,13 +114,15 @@ impl Repairs {
 }
 
 impl Daemon {
-    /// One check of the node against the state for `input` (digest `digest`), repairing
-    /// drift; never fails the daemon.
+    /// One check of the node against the state for `input` (digest `digest`; `current`:
+    /// the ConfigMap as it is now), repairing drift; never fails the daemon.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn check(
         &self,
         policy: &Policy,
         input: &Input,
         digest: &str,
+        current: bool,
         depth: Depth,
         why: &str,
         r: &mut Repairs,
@@ -121,6 +145,8 @@ impl Daemon {
             facts: if full { FileFacts::new() } else { std::mem::take(&mut r.facts) },
             ..Default::default()
         };
+        let pulled = crate::progress::pulled_bytes();
+        let started = Instant::now();
         let result = match plan::of(policy, input, &self.o.selection.kata_prefix) {
             Ok((_, plan)) => {
                 install::install_observed(
@@ -136,6 +162,7 @@ impl Daemon {
             }
             Err(e) => Err(e.into()),
         };
+        self.record(&result, Pass::Check { current }, pulled, started);
         if full && result.is_ok() {
             r.last_full = Instant::now();
         }
@@ -187,6 +214,46 @@ impl Daemon {
             }
         }
         Checked::Ran
+    }
+
+    /// Counts a reconcile that ended with `result` in the metrics (`pulled`: the pull
+    /// counter before it, started at `started`).
+    fn record(&self, result: &Result<Outcome>, pass: Pass, pulled: u64, started: Instant) {
+        let m = &self.metrics;
+        let current = match pass {
+            Pass::Apply => true,
+            Pass::Check { current } => current,
+        };
+        if crate::progress::pulled_bytes() > pulled {
+            m.pulled(started.elapsed());
+        }
+        let st = match result {
+            Ok(Outcome::UpToDate(st)) => {
+                m.reconciled(Reconciled::up_to_date, current);
+                st
+            }
+            Ok(Outcome::Repaired(st, _)) => {
+                m.repaired(Repair::drop_in);
+                m.reconciled(Reconciled::installed, current);
+                st
+            }
+            Ok(Outcome::Installed(st)) => {
+                if matches!(pass, Pass::Check { .. }) {
+                    m.repaired(Repair::files);
+                }
+                m.reconciled(Reconciled::installed, current);
+                st
+            }
+            Err(e) if crate::error::classify(e) == crate::error::Class::InvalidConfig => {
+                m.reconciled(Reconciled::refused, current);
+                return;
+            }
+            Err(_) => {
+                m.reconciled(Reconciled::failed, current);
+                return;
+            }
+        };
+        m.installed(&installed_info(st));
     }
 
     /// The resync period with ±10 % jitter, so a fleet does not resync in step.
@@ -246,19 +313,28 @@ impl Daemon {
         out
     }
 
-    /// Installs `input` (a ConfigMap change, or the first action), reporting in `obs`.
+    /// Installs `input` (a ConfigMap change, or the first action), reporting in `obs` and
+    /// in the metrics (a refusal or failure is counted by the caller, which classifies it).
     pub(super) async fn install(&self, policy: &Policy, input: &Input, obs: &mut Observed) -> Result<()> {
-        let (_, plan) = plan::of(policy, input, &self.o.selection.kata_prefix)?;
-        let outcome = install::install_observed(
-            policy,
-            &plan,
-            &self.o.pull,
-            &self.o.site,
-            &self.o.selection,
-            Pin::Reference,
-            obs,
-        )
-        .await?;
+        let pulled = crate::progress::pulled_bytes();
+        let started = Instant::now();
+        let result = match plan::of(policy, input, &self.o.selection.kata_prefix) {
+            Ok((_, plan)) => {
+                install::install_observed(
+                    policy,
+                    &plan,
+                    &self.o.pull,
+                    &self.o.site,
+                    &self.o.selection,
+                    Pin::Reference,
+                    obs,
+                )
+                .await
+            }
+            Err(e) => Err(e.into()),
+        };
+        self.record(&result, Pass::Apply, pulled, started);
+        let outcome = result?;
         let attest = obs.attest.as_deref().unwrap_or("none published");
         match outcome {
             Outcome::UpToDate(st) => tracing::info!(version = %st.version, reference_values = %attest, "up to date"),

@@ -145,6 +145,7 @@ pub async fn stream_verified(
             n += chunk.len() as u64;
             chunks += 1;
             bar.inc(chunk.len() as u64);
+            crate::progress::pulled(chunk.len() as u64);
             if n > desc.size {
                 bail!("blob is larger than its descriptor says ({} bytes): refused", desc.size);
             }

@@ -28,6 +28,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::decide::{BadRequest, Decision, Reviewer};
 use super::review;
+use crate::metrics::webhook::{Answer, Refusal, WebhookMetrics};
 
 /// Largest request body read (the API server itself caps requests at 3 MiB).
 pub(crate) const MAX_BODY: usize = 3 << 20;
@@ -56,11 +57,18 @@ pub(super) struct App {
     held: Arc<Mutex<HashMap<IpAddr, usize>>>,
     /// Longest wait for the budget, and for the whole review once it is read.
     review_timeout: Duration,
+    /// Where answers and refusals are counted.
+    metrics: WebhookMetrics,
 }
 
 impl App {
     /// Endpoints reviewing with `reviewer`, holding at most `budget_bytes` of request bodies.
-    pub(super) fn new(reviewer: Reviewer, budget_bytes: usize, review_timeout: Duration) -> App {
+    pub(super) fn new(
+        reviewer: Reviewer,
+        budget_bytes: usize,
+        review_timeout: Duration,
+        metrics: WebhookMetrics,
+    ) -> App {
         App {
             reviewer,
             ready: AtomicBool::new(true),
@@ -69,6 +77,7 @@ impl App {
             budget_bytes,
             held: Arc::default(),
             review_timeout,
+            metrics,
         }
     }
 }
@@ -272,19 +281,45 @@ async fn read_body(app: &App, req: Request<Incoming>, peer: IpAddr) -> Result<(V
     Ok((buf, Budget { _global: permit, _client: client }))
 }
 
+/// Answers a `POST /validate` and counts the answer.
 async fn validate(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let arrived = Instant::now();
+    let (response, answer, warnings) = review_request(app, req, peer).await;
+    app.metrics.answered(answer, warnings, arrived.elapsed());
+    response
+}
+
+/// The answer to a `POST /validate`, its decision and its warning count.
+async fn review_request(app: &App, req: Request<Incoming>, peer: SocketAddr) -> (Response<Body>, Answer, usize) {
+    let fail = |r: Response<Body>| (r, Answer::error, 0);
     let (body, _budget) = match read_body(app, req, peer.ip()).await {
         Ok(b) => b,
-        Err((status, msg)) => return bad_request(status, peer, msg),
+        Err((status, msg)) => {
+            let limit = match status {
+                StatusCode::SERVICE_UNAVAILABLE => Some(Refusal::body_budget),
+                StatusCode::PAYLOAD_TOO_LARGE => Some(Refusal::body_too_large),
+                StatusCode::REQUEST_TIMEOUT => Some(Refusal::body_timeout),
+                _ => None,
+            };
+            if let Some(l) = limit {
+                app.metrics.refused(l);
+            }
+            return fail(bad_request(status, peer, msg));
+        }
     };
     let started = Instant::now();
     let request = match review::parse(&body) {
         Ok(r) => r,
-        Err(msg) => return bad_request(StatusCode::BAD_REQUEST, peer, msg),
+        Err(msg) => return fail(bad_request(StatusCode::BAD_REQUEST, peer, msg)),
     };
     let decision = match app.reviewer.decide(&request).await {
         Ok(d) => d,
-        Err(BadRequest(msg)) => return bad_request(StatusCode::BAD_REQUEST, peer, msg),
+        Err(BadRequest(msg)) => return fail(bad_request(StatusCode::BAD_REQUEST, peer, msg)),
+    };
+    let (answer, warnings) = match &decision {
+        Decision::Allow(w) => (Answer::allowed, w.len()),
+        Decision::Deny { code: 422, .. } => (Answer::denied, 0),
+        Decision::Deny { .. } => (Answer::error, 0),
     };
     let allowed = matches!(decision, Decision::Allow(_));
     if !matches!(decision, Decision::Allow(ref w) if w.is_empty()) {
@@ -300,10 +335,10 @@ async fn validate(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Respon
         );
     }
     match review::answer(decision.into_response(&request.uid)) {
-        Ok(b) => json(b),
+        Ok(b) => (json(b), answer, warnings),
         Err(e) => {
             tracing::error!(error = %e, "serialising the AdmissionReview response");
-            text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
+            fail(text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n"))
         }
     }
 }

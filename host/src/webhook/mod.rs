@@ -16,7 +16,7 @@
 mod decide;
 mod http;
 mod review;
-mod server;
+pub(crate) mod server;
 mod tls;
 mod warnings;
 

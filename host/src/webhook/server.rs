@@ -16,6 +16,8 @@
 //! - The probes (`/healthz`, `/readyz`) are also served on a separate plain-HTTP listener
 //!   (`probe_listen`) with its own connection slots, so a flood of the HTTPS port never
 //!   fails the kubelet's probes.
+//! - The same slots and timeouts serve the `--metrics-address` listener (`crate::metrics::serve`).
+//! - Every limit that fires is counted in `kata_addons_webhook_rejected_connections_total`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -40,6 +42,7 @@ use tokio::time::Instant;
 use super::decide::Reviewer;
 use super::http::{self, App, Body};
 use super::tls;
+use crate::metrics::webhook::{Refusal, WebhookMetrics};
 use crate::policy::Policy;
 
 /// Longest TLS handshake.
@@ -95,17 +98,21 @@ pub(crate) struct Options {
     pub max_connections_per_ip: usize,
     /// Most bytes of request bodies held at once, over all connections.
     pub body_budget: usize,
+    /// Where to serve Prometheus metrics, if anywhere (started by the command layer).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Connection slots: a total and a per-source-address count, and the open connections'
 /// activity (to pick the one to close when every slot is taken).
-struct Slots {
+pub(crate) struct Slots {
     total: Arc<Semaphore>,
     size: usize,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     per_ip_max: usize,
     open: Mutex<HashMap<u64, Arc<Activity>>>,
     next_id: AtomicU64,
+    /// Where the limits that fire are counted, if anywhere.
+    metrics: Option<WebhookMetrics>,
 }
 
 /// A source address's share of the slots, reserved at accept time.
@@ -122,7 +129,8 @@ struct Slot {
 }
 
 impl Slots {
-    fn new(size: usize, per_ip_max: usize) -> Arc<Slots> {
+    /// `size` slots, at most `per_ip_max` for one source address; refusals counted in `metrics`.
+    pub(crate) fn new(size: usize, per_ip_max: usize, metrics: Option<WebhookMetrics>) -> Arc<Slots> {
         Arc::new(Slots {
             total: Arc::new(Semaphore::new(size)),
             size,
@@ -130,6 +138,7 @@ impl Slots {
             per_ip_max,
             open: Mutex::default(),
             next_id: AtomicU64::new(0),
+            metrics,
         })
     }
 
@@ -139,6 +148,7 @@ impl Slots {
         let mut per_ip = self.per_ip.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = per_ip.entry(ip).or_insert(0);
         if *n >= self.per_ip_max {
+            self.count(Refusal::per_address);
             return Err("too many connections from this address");
         }
         *n += 1;
@@ -153,17 +163,29 @@ impl Slots {
             Ok(p) => p,
             Err(_) => {
                 if !self.evict_idlest() {
+                    self.count(Refusal::capacity);
                     return Err("too many connections, none idle");
                 }
+                self.count(Refusal::evicted_idle);
                 match tokio::time::timeout(CLOSE_GRACE, Arc::clone(&self.total).acquire_owned()).await {
                     Ok(Ok(p)) => p,
-                    _ => return Err("too many connections"),
+                    _ => {
+                        self.count(Refusal::capacity);
+                        return Err("too many connections");
+                    }
                 }
             }
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, Arc::clone(activity));
         Ok(Slot { reserved, id, _permit: permit })
+    }
+
+    /// Counts a limit that fired.
+    fn count(&self, why: Refusal) {
+        if let Some(m) = &self.metrics {
+            m.refused(why);
+        }
     }
 
     /// Tells the connection idle the longest to close; false if none is idle.
@@ -184,7 +206,7 @@ impl Slots {
     }
 
     /// Waits until every slot is free (every connection closed).
-    async fn all_free(&self) {
+    pub(crate) async fn all_free(&self) {
         let n = u32::try_from(self.size).unwrap_or(u32::MAX);
         let _ = self.total.acquire_many(n).await;
     }
@@ -210,7 +232,7 @@ impl Drop for Slot {
 
 /// Requests in flight on one connection, when the last one ended, and whether it was
 /// asked to make room for a new connection.
-struct Activity {
+pub(crate) struct Activity {
     in_flight: AtomicUsize,
     last: Mutex<Instant>,
     evicted: AtomicBool,
@@ -218,7 +240,7 @@ struct Activity {
 }
 
 /// A request in flight; ends when dropped.
-struct Busy(Arc<Activity>);
+pub(crate) struct Busy(Arc<Activity>);
 
 impl Activity {
     fn new() -> Arc<Activity> {
@@ -230,7 +252,8 @@ impl Activity {
         })
     }
 
-    fn begin(self: &Arc<Self>) -> Busy {
+    /// A request starts; it ends when the returned guard is dropped.
+    pub(crate) fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         Busy(Arc::clone(self))
     }
@@ -252,7 +275,7 @@ impl Drop for Busy {
 }
 
 /// The HTTP/1.1 + HTTP/2 connection settings of both listeners.
-fn http_builder() -> auto::Builder<TokioExecutor> {
+pub(crate) fn http_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_buf_size(H1_BUFFER);
     builder
@@ -269,7 +292,7 @@ fn http_builder() -> auto::Builder<TokioExecutor> {
 
 /// Serves one connection until it ends, it has been idle for `idle`, or the server stops
 /// (then in-flight requests get `drain` to finish).
-async fn connection<I, S>(
+pub(crate) async fn connection<I, S>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
     service: S,
@@ -340,8 +363,12 @@ fn shutdown_signal() -> Result<impl Future<Output = &'static str>> {
 /// Accepts on `listener` until `stop`, giving each connection a slot of `slots`, serving
 /// it with `serve` (which receives the TCP stream, the peer, the stop signal and the
 /// connection's activity).
-async fn accept_loop<F, Fut>(listener: TcpListener, slots: Arc<Slots>, mut stop: watch::Receiver<bool>, serve: F)
-where
+pub(crate) async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    slots: Arc<Slots>,
+    mut stop: watch::Receiver<bool>,
+    serve: F,
+) where
     F: Fn(tokio::net::TcpStream, SocketAddr, watch::Receiver<bool>, Arc<Activity>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
@@ -385,7 +412,7 @@ where
 }
 
 /// Serves until SIGTERM/SIGINT, then finishes in-flight requests and returns.
-pub(crate) async fn serve(opts: &Options, policy: Policy) -> Result<()> {
+pub(crate) async fn serve(opts: &Options, policy: Policy, metrics: WebhookMetrics) -> Result<()> {
     let (acceptor, certs) = tls::acceptor(&opts.tls_cert, &opts.tls_key)?;
     let stop_signal = shutdown_signal()?;
     let listener = TcpListener::bind(opts.listen).await.with_context(|| format!("listening on {}", opts.listen))?;
@@ -396,12 +423,12 @@ pub(crate) async fn serve(opts: &Options, policy: Policy) -> Result<()> {
     };
     let reviewer = Reviewer::new(policy, opts.concurrency, opts.review_timeout);
     let policy_sha = reviewer.policy_sha256();
-    let app = Arc::new(App::new(reviewer, opts.body_budget, opts.review_timeout));
+    let app = Arc::new(App::new(reviewer, opts.body_budget, opts.review_timeout, metrics.clone()));
     let reloader = tokio::spawn(Arc::clone(&certs).watch(opts.cert_poll));
     let builder = Arc::new(http_builder());
     let (stop_tx, stop_rx) = watch::channel(false);
-    let slots = Slots::new(opts.max_connections, opts.max_connections_per_ip);
-    let probe_slots = Slots::new(PROBE_CONNECTIONS, PROBE_CONNECTIONS_PER_IP);
+    let slots = Slots::new(opts.max_connections, opts.max_connections_per_ip, Some(metrics.clone()));
+    let probe_slots = Slots::new(PROBE_CONNECTIONS, PROBE_CONNECTIONS_PER_IP, None);
     tracing::info!(
         listen = %local,
         probes = ?probe_listener.as_ref().and_then(|l| l.local_addr().ok()),
@@ -415,13 +442,17 @@ pub(crate) async fn serve(opts: &Options, policy: Policy) -> Result<()> {
         let (app, builder) = (Arc::clone(&app), Arc::clone(&builder));
         accept_loop(listener, Arc::clone(&slots), stop_rx.clone(), move |tcp, peer, stop, activity| {
             let (acceptor, app, builder) = (acceptor.clone(), Arc::clone(&app), Arc::clone(&builder));
+            let metrics = metrics.clone();
             async move {
                 let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
                 let tls = tokio::select! {
                     r = handshake => match r {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                        Err(_) => {
+                            metrics.refused(Refusal::handshake_timeout);
+                            return tracing::debug!(%peer, "TLS handshake timed out");
+                        }
                     },
                     _ = activity.evict.notified() => return,
                 };
