@@ -106,6 +106,7 @@ fn prometheus_sees_installs_refusals_and_admission_reviews() {
     prom.wait_for("kata_addons_pull_duration_seconds_count", t, |v| v == 1.0, logs);
     let (_, success) = prom.wait_for("kata_addons_last_success_timestamp_seconds", t, |v| v > 1.0e9, logs);
     prom.wait_for("kata_addons_last_failure_timestamp_seconds", t, |v| v == 0.0, logs);
+    assert!(prom.query("kata_addons_node_kata_release_info").is_empty(), "no RPM database: no release");
 
     // A refused change: counted, the node keeps the last good addon and stays ready (the
     // readiness file's decision: docs/daemon.md#readiness).

@@ -68,6 +68,14 @@ fn installed_info(st: &State) -> InstalledInfo {
     }
 }
 
+/// The `VERSION-RELEASE` of the node's Kata package from the state's record of it
+/// (`kata-containers 3.25.0-6.el9 (RPM database …)`); `None` when it was not known.
+fn node_release(recorded: &str) -> Option<&str> {
+    let rest = recorded.strip_prefix("kata-containers ")?;
+    let evr = rest.split_once(" (").map_or(rest, |(evr, _)| evr);
+    (!evr.is_empty() && !evr.contains(char::is_whitespace)).then_some(evr)
+}
+
 /// What a check did, for the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Checked {
@@ -254,6 +262,7 @@ impl Daemon {
             }
         };
         m.installed(&installed_info(st));
+        m.kata_release(st.kata.as_ref().and_then(|k| node_release(&k.node)));
     }
 
     /// The resync period with ±10 % jitter, so a fleet does not resync in step.
@@ -347,5 +356,26 @@ impl Daemon {
             ),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kata_release::NodeRelease;
+
+    /// The release label is read back from the state's record as install writes it.
+    #[test]
+    fn the_node_release_is_read_from_its_recorded_form() {
+        let rpm = NodeRelease::Rpm {
+            epoch: None,
+            version: "3.25.0".into(),
+            release: "6.el9".into(),
+            db: "/usr/share/rpm/rpmdb.sqlite".into(),
+        };
+        assert_eq!(node_release(&rpm.to_string()), Some("3.25.0-6.el9"));
+        let deploy = NodeRelease::KataDeploy { prefix: "/opt/kata".into() };
+        assert_eq!(node_release(&deploy.to_string()), None);
+        assert_eq!(node_release("unreadable: permission denied"), None);
     }
 }

@@ -62,6 +62,12 @@ struct Installed {
     runtime_class: String,
 }
 
+/// `{release}` of `kata_addons_node_kata_release_info`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReleaseLabel {
+    release: String,
+}
+
 /// What is installed, as the metrics show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InstalledInfo {
@@ -154,6 +160,7 @@ pub(crate) struct DaemonMetrics {
     backoff: Countdown,
     repairs: Family<ReasonLabel, Counter>,
     pull_duration: Histogram,
+    kata_release: Family<ReleaseLabel, Gauge>,
 }
 
 impl DaemonMetrics {
@@ -168,6 +175,7 @@ impl DaemonMetrics {
             backoff: Countdown::default(),
             repairs: Family::default(),
             pull_duration: Histogram::new([1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0]),
+            kata_release: Family::default(),
         };
         for result in [Reconciled::installed, Reconciled::up_to_date, Reconciled::refused, Reconciled::failed] {
             drop(m.reconciles.get_or_create(&ResultLabel { result }));
@@ -225,6 +233,11 @@ impl DaemonMetrics {
             Unit::Seconds,
             m.pull_duration.clone(),
         );
+        r.register(
+            "kata_addons_node_kata_release_info",
+            "The node's Kata release (value 1) when known: the kata-containers package's version-release",
+            m.kata_release.clone(),
+        );
         m
     }
 
@@ -256,6 +269,18 @@ impl DaemonMetrics {
         }
         self.installed.clear();
         self.installed.get_or_create(&labels).set(1);
+    }
+
+    /// The node's Kata release, when known (replaces the previous series).
+    pub(crate) fn kata_release(&self, release: Option<&str>) {
+        let label = release.map(|r| ReleaseLabel { release: bounded(r) });
+        if label.as_ref().is_some_and(|l| self.kata_release.get(l).is_some()) {
+            return;
+        }
+        self.kata_release.clear();
+        if let Some(l) = label {
+            self.kata_release.get_or_create(&l).set(1);
+        }
     }
 
     /// A drift repair put back `what`.

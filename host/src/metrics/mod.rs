@@ -47,6 +47,7 @@ mod tests {
             provider: "se".into(),
             runtime_class: String::new(),
         });
+        d.kata_release(Some("3.25.0-6.el9"));
         webhook::WebhookMetrics::register(&mut r);
         let (text, _) = serve::encode(&r, false).expect("encode");
         let mut out = BTreeMap::new();
