@@ -38,6 +38,9 @@ pub struct Preview {
     pub drop_ins: Vec<DropIn>,
     /// Why the drop-ins are not for configurations found on the node, if they are not.
     pub note: Option<String>,
+    /// The Kata release check install makes (`kataVersion` against the node's release;
+    /// docs/configuration.md#kataversion), with the node's release when a root was read.
+    pub kata_check: String,
 }
 
 /// Runs `env` (for ConfigMap input), `plan` and `render` without looking at any node:
@@ -48,7 +51,8 @@ pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
     let installed = crate::measured::installed(layout::installed_files(&plan, &dir), &crate::measured::preview(&plan));
     let first: Vec<_> = plan.runtime_configs.iter().take(1).map(|p| path_only_facts(p)).collect();
     let drop_ins = policy.render(&plan, &installed, &first)?;
-    Ok(Preview { env, plan, installed, drop_ins, note: None })
+    let kata_check = crate::kata_release::preview_line(&plan, None);
+    Ok(Preview { env, plan, installed, drop_ins, note: None, kata_check })
 }
 
 /// Like [`compute`], for the runtime configurations found under `root` (read only); when
@@ -77,7 +81,9 @@ pub(crate) fn compute_on(
         (Some(a), Some(b)) => Some(format!("{a}; {b}")),
         (a, b) => a.or(b),
     };
-    Ok(Preview { env, plan, installed, drop_ins, note })
+    let node = crate::kata_release::observe(root, &selection.kata_prefix);
+    let kata_check = crate::kata_release::preview_line(&plan, Some(&node));
+    Ok(Preview { env, plan, installed, drop_ins, note, kata_check })
 }
 
 /// The plan as JSON (camelCase keys).
@@ -129,6 +135,7 @@ pub(crate) fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<
                     "runtimeConfig": d.runtime_config, "path": d.path, "contents": d.contents,
                 })).collect::<Vec<_>>(),
                 "note": p.note,
+                "kataCheck": p.kata_check,
                 "invalidates": crate::attest::invalidates::names(&p.plan),
                 "invalidatesOn": crate::attest::invalidates::targets(&p.plan),
                 "plan": plan_json(&p.plan),
@@ -169,6 +176,7 @@ pub(crate) fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<
                     writeln!(out, "  {line}")?;
                 }
             }
+            writeln!(out, "\nKata release: {}", p.kata_check)?;
             if let Some(l) = crate::attest::invalidates::line(&p.plan) {
                 writeln!(out, "\nAttestation: {l}: register the new reference values (kata-addons reference-values)")?;
             }

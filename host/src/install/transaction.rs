@@ -663,12 +663,7 @@ fn same_request(plan: &Plan, digest: &str, st: &State) -> bool {
         && st.version == plan.version
         && st.provider == plan.provider
         && st.files.len() == plan.artifacts.len()
-        && st.kata.as_ref().and_then(KataRecord::wanted) == wanted_kata(plan)
-}
-
-/// The plan's `kataVersion`, if any.
-fn wanted_kata(_plan: &Plan) -> Option<kata_release::Wanted> {
-    None
+        && st.kata.as_ref().and_then(KataRecord::wanted) == kata_release::wanted(plan)
 }
 
 /// Reads the node's Kata release and checks the plan's `kataVersion` against it: the
@@ -679,7 +674,7 @@ fn kata_check(plan: &Plan, site: &Site, selection: &Selection) -> Result<KataRec
         Ok(n) => n.to_string(),
         Err(e) => format!("unreadable: {e}"),
     };
-    let wanted = wanted_kata(plan);
+    let wanted = kata_release::wanted(plan);
     if let Some(w) = &wanted {
         kata_release::check(w, &node).map_err(anyhow::Error::msg)?;
     }

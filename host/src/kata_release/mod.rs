@@ -16,6 +16,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use crate::nodefs::NodeFs;
+use crate::policy::Plan;
 
 /// Where the node's Kata came from and which release it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +119,33 @@ impl fmt::Display for Wanted {
             Some(r) => write!(f, "{}-{r}", self.version),
             None => f.write_str(&self.version),
         }
+    }
+}
+
+/// The plan's `kataVersion`, if any.
+pub(crate) fn wanted(_plan: &Plan) -> Option<Wanted> {
+    None
+}
+
+/// What `preview` says about the check: what `kataVersion` requires, and, with a node
+/// root, what the node has and whether install would go ahead.
+pub(crate) fn preview_line(plan: &Plan, node: Option<&Result<NodeRelease, String>>) -> String {
+    let rule = match wanted(plan) {
+        None => "no kataVersion: the node's Kata release is not checked".to_string(),
+        Some(w @ Wanted { release: None, .. }) => {
+            format!("kataVersion {w}: the node's {} package must be version {w} (any release)", rpmdb::PACKAGE)
+        }
+        Some(w) => format!("kataVersion {w}: the node's {} package must be {w}", rpmdb::PACKAGE),
+    };
+    let Some(node) = node else { return rule };
+    let now = match node {
+        Ok(n) => n.to_string(),
+        Err(e) => format!("unreadable ({e})"),
+    };
+    match wanted(plan).map(|w| check(&w, node)) {
+        None => format!("{rule}; the node has {now}"),
+        Some(Ok(())) => format!("{rule}; the node has {now}: matches"),
+        Some(Err(why)) => format!("{rule}; install would be refused: {why}"),
     }
 }
 

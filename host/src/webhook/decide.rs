@@ -72,8 +72,8 @@ enum Target<'a> {
     Other,
     /// DELETE of the ConfigMap.
     Delete,
-    /// CREATE/UPDATE of the ConfigMap, with its object.
-    Write(ConfigMapIn<'a>),
+    /// CREATE/UPDATE of the ConfigMap, with its object and, for an UPDATE, the one before.
+    Write(ConfigMapIn<'a>, Option<Box<ConfigMapIn<'a>>>),
 }
 
 fn classify<'a>(req: &RequestIn<'a>) -> Result<Target<'a>, BadRequest> {
@@ -102,7 +102,9 @@ fn classify<'a>(req: &RequestIn<'a>) -> Result<Target<'a>, BadRequest> {
             };
             let cm: ConfigMapIn<'a> = serde_json::from_str(object.get())
                 .map_err(|e| BadRequest(format!("the object is not a valid ConfigMap: {e}")))?;
-            Ok(Target::Write(cm))
+            // The old object only feeds warnings: one that does not parse gives none.
+            let old = req.old_object.and_then(|o| serde_json::from_str::<ConfigMapIn<'a>>(o.get()).ok()).map(Box::new);
+            Ok(Target::Write(cm, old))
         }
         _ => Ok(Target::Other),
     }
@@ -164,7 +166,15 @@ impl Reviewer {
             Target::Delete => Decision::Allow(vec![warning(
                 "kata-addons: nodes keep the installed addon; run the uninstall DaemonSet to remove it",
             )]),
-            Target::Write(cm) => self.evaluate(&cm).await,
+            Target::Write(cm, old) => match self.evaluate(&cm).await {
+                Decision::Allow(mut w) => {
+                    if let Some(old) = &old {
+                        w.extend(super::warnings::kata_version_pairing(old.data.as_ref(), cm.data.as_ref()));
+                    }
+                    Decision::Allow(w)
+                }
+                other => other,
+            },
         })
     }
 

@@ -67,6 +67,9 @@ pub(super) struct RequestIn<'a> {
     /// The new object, unparsed (`null` for DELETE).
     #[serde(default, borrow)]
     pub object: Option<&'a RawValue>,
+    /// The object before an UPDATE, unparsed.
+    #[serde(default, borrow)]
+    pub old_object: Option<&'a RawValue>,
     /// Whether the API server will not persist the change.
     #[serde(default)]
     pub dry_run: Option<bool>,

@@ -71,6 +71,9 @@ pub(crate) fn preview_warnings(p: &Preview) -> Vec<String> {
     for s in sets {
         lines.push(format!("kata-addons: drop-in sets {s}"));
     }
+    if crate::kata_release::wanted(plan).is_some() {
+        lines.push(format!("kata-addons: {}", p.kata_check));
+    }
     if let Some(l) = crate::attest::invalidates::line(plan) {
         lines.push(format!("kata-addons: {l}"));
     }
@@ -94,6 +97,36 @@ pub(crate) fn preview_warnings(p: &Preview) -> Vec<String> {
     out
 }
 
+/// A ConfigMap's `data` as the webhook reads it.
+type Data<'a> = std::collections::BTreeMap<std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>>;
+
+/// An UPDATE that changes `kataVersion` without `addonImage`, or `addonImage` without a
+/// set `kataVersion`: an addon is built for one Kata release (docs/configuration.md#kataversion),
+/// so one without the other is likely a mistake. Values compared as the runner reads them
+/// (trimmed, empty = absent).
+pub(crate) fn kata_version_pairing(old: Option<&Data<'_>>, new: Option<&Data<'_>>) -> Vec<String> {
+    let get = |d: Option<&Data<'_>>, k: &str| {
+        d.and_then(|d| d.get(k)).and_then(|v| kata_addons_facts::trimmed(v)).map(str::to_string)
+    };
+    let (image_old, image_new) = (get(old, "addonImage"), get(new, "addonImage"));
+    let (kata_old, kata_new) = (get(old, "kataVersion"), get(new, "kataVersion"));
+    let mut out = Vec::new();
+    if kata_old != kata_new && image_old == image_new {
+        out.push(warning(&format!(
+            "kata-addons: kataVersion changed ({} -> {}) but addonImage did not: is the image built for that Kata?",
+            kata_old.as_deref().unwrap_or("unset"),
+            kata_new.as_deref().unwrap_or("unset")
+        )));
+    }
+    if image_old != image_new && kata_old == kata_new && kata_new.is_some() {
+        out.push(warning(&format!(
+            "kata-addons: addonImage changed but kataVersion did not ({}): is the new image built for it?",
+            kata_new.as_deref().unwrap_or_default()
+        )));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +138,23 @@ mod tests {
         assert!(!w.chars().any(char::is_control));
         assert!(w.ends_with('…'));
         assert_eq!(warning("short"), "short");
+    }
+
+    #[test]
+    fn kata_version_and_image_change_together() {
+        let d = |pairs: &[(&'static str, &'static str)]| -> Data<'static> {
+            pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+        };
+        let base = d(&[("addonImage", "q/a:1"), ("kataVersion", "3.25.0")]);
+        let both = d(&[("addonImage", "q/a:2"), ("kataVersion", "3.26.0")]);
+        let kata_only = d(&[("addonImage", "q/a:1"), ("kataVersion", "3.26.0")]);
+        let image_only = d(&[("addonImage", "q/a:2"), ("kataVersion", " 3.25.0 ")]);
+        assert!(kata_version_pairing(Some(&base), Some(&both)).is_empty());
+        assert!(kata_version_pairing(Some(&base), Some(&base)).is_empty());
+        assert!(kata_version_pairing(Some(&base), Some(&kata_only))[0].contains("addonImage did not"));
+        assert!(kata_version_pairing(Some(&base), Some(&image_only))[0].contains("kataVersion did not"));
+        let unset = d(&[("addonImage", "q/a:1")]);
+        assert!(kata_version_pairing(Some(&unset), Some(&d(&[("addonImage", "q/a:2")]))).is_empty());
+        assert!(kata_version_pairing(Some(&unset), Some(&base))[0].contains("unset -> 3.25.0"));
     }
 }
