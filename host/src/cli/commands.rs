@@ -84,7 +84,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let st = install::status(&node.site(), depth)?;
             let daemon = match &ready_file {
                 Some(f) => match daemon::read_ready(f)? {
-                    Some(lines) => Some(lines),
+                    Some(lines) => {
+                        if let Some(why) = lines.iter().find_map(|l| l.strip_prefix(daemon::NOT_READY)) {
+                            bail!("the daemon is not ready: {why}");
+                        }
+                        Some(lines)
+                    }
                     None => bail!(
                         "the daemon is not ready: {} does not exist (it appears once the daemon's action succeeded, \
                          and is absent while another daemon with other input owns the node root; see the daemon's log)",

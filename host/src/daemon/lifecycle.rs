@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use super::backoff::Backoff;
 use super::dirwatch::DirWatch;
 use super::ownership::{self, Claim};
+use super::ready::NOT_READY;
 use super::repair::{Checked, Depth, Repairs};
 use super::signals::Stop;
 use super::{Action, Daemon, ready};
@@ -368,6 +369,9 @@ impl Run<'_> {
                 if let (Some(f), Some(retry)) = (&self.failing, self.backoff.pending(&self.digest)) {
                     l.push(format!("failing: {f}"));
                     l.push(format!("retry: {}", retry.describe()));
+                }
+                if let Some(why) = &self.repairs.kata_refused {
+                    l.push(format!("{NOT_READY}{why}"));
                 }
                 if let Some(retry) = self.repairs.waiting(&self.good_digest()) {
                     l.push(format!("repairs: rate-limited, {}", retry.describe()));

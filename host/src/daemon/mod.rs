@@ -19,6 +19,7 @@ mod ready;
 mod repair;
 mod signals;
 
+pub(crate) use ready::NOT_READY;
 pub use ready::read as read_ready;
 
 use std::path::PathBuf;

@@ -10,6 +10,11 @@ use std::io::Read;
 
 use anyhow::{Context, Result, bail};
 
+/// A line of the readiness file that makes the daemon not ready although it runs the
+/// addon: the node's Kata release no longer matches `kataVersion`
+/// (docs/configuration.md#kataversion). `status --ready-file` fails with the reason.
+pub(crate) const NOT_READY: &str = "not ready: ";
+
 /// Largest readiness file read back.
 const MAX_READY_BYTES: u64 = 64 << 10;
 

@@ -46,6 +46,9 @@ pub(super) struct Repairs {
     limit: Backoff,
     /// A check was asked for while `limit` held it back: run it when the wait is over.
     deferred: bool,
+    /// Why the last check refused the node's Kata release (`kataVersion`, after a node
+    /// upgrade): the daemon is not ready while it lasts.
+    pub kata_refused: Option<String>,
 }
 
 /// Which kind of reconcile a result is of, for the metrics.
@@ -97,6 +100,7 @@ impl Repairs {
             window,
             limit,
             deferred: false,
+            kata_refused: None,
         }
     }
 
@@ -108,6 +112,7 @@ impl Repairs {
         self.last_repair = None;
         self.limit.reset();
         self.deferred = false;
+        self.kata_refused = None;
     }
 
     /// Whether a held-back check is due now.
@@ -175,6 +180,7 @@ impl Daemon {
             r.last_full = Instant::now();
         }
         r.facts = std::mem::take(&mut obs.facts);
+        r.kata_refused = result.as_ref().err().and_then(crate::kata_release::refused);
         let repaired = match result {
             Ok(Outcome::UpToDate(_)) => {
                 tracing::debug!(trigger = why, hashed = obs.hashed, full, "resync: node matches the state");

@@ -676,7 +676,7 @@ fn kata_check(plan: &Plan, site: &Site, selection: &Selection) -> Result<KataRec
     };
     let wanted = kata_release::wanted(plan);
     if let Some(w) = &wanted {
-        kata_release::check(w, &node).map_err(anyhow::Error::msg)?;
+        kata_release::check(w, &node).map_err(|why| anyhow::Error::new(kata_release::Refused(why)))?;
     }
     Ok(KataRecord {
         node: shown,

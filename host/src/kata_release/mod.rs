@@ -103,6 +103,24 @@ pub(crate) fn observe(root: &Path, kata_prefix: &str) -> Result<NodeRelease, Str
     NodeFs::open(root).and_then(|fs| detect(&fs, kata_prefix)).map_err(|e| format!("{e:#}"))
 }
 
+/// A `kataVersion` refused on this node (the one-line reason): the install leaves the
+/// node as it is, the daemon is not ready while it lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refused(pub(crate) String);
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The reason of a [`Refused`] anywhere in `err`'s chain.
+pub(crate) fn refused(err: &anyhow::Error) -> Option<String> {
+    err.chain().find_map(|e| e.downcast_ref::<Refused>()).map(|r| r.0.clone())
+}
+
 /// The Kata release an addon was built for (`kataVersion`): a version, and a release when
 /// the key has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
