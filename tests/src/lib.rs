@@ -41,6 +41,7 @@ pub mod ovmf;
 pub mod prometheus;
 pub mod proxy;
 pub mod registry;
+pub mod rpmdb;
 pub mod tls;
 
 use std::path::PathBuf;
