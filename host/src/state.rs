@@ -159,6 +159,9 @@ pub(crate) struct State {
 pub(crate) struct KataRecord {
     /// The node's Kata release as printed (`kata-containers 3.25.0-6.el9 (RPM database …)`).
     pub node: String,
+    /// `kataVersion`'s epoch, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u32>,
     /// `kataVersion`'s version, when the key was set (and so checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
@@ -170,7 +173,11 @@ pub(crate) struct KataRecord {
 impl KataRecord {
     /// The `kataVersion` that was checked, if any.
     pub(crate) fn wanted(&self) -> Option<crate::kata_release::Wanted> {
-        Some(crate::kata_release::Wanted { version: self.version.clone()?, release: self.release.clone() })
+        Some(crate::kata_release::Wanted {
+            epoch: self.epoch,
+            version: self.version.clone()?,
+            release: self.release.clone(),
+        })
     }
 }
 

@@ -680,6 +680,7 @@ fn kata_check(plan: &Plan, site: &Site, selection: &Selection) -> Result<KataRec
     }
     Ok(KataRecord {
         node: shown,
+        epoch: wanted.as_ref().and_then(|w| w.epoch),
         version: wanted.as_ref().map(|w| w.version.clone()),
         release: wanted.and_then(|w| w.release),
     })

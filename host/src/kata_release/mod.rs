@@ -125,6 +125,8 @@ pub(crate) fn refused(err: &anyhow::Error) -> Option<String> {
 /// the key has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Wanted {
+    /// `EPOCH`, when given (then it must match; a package without one has epoch 0).
+    pub(crate) epoch: Option<u32>,
     /// `VERSION` (`3.25.0`).
     pub(crate) version: String,
     /// `RELEASE` (`6.el9`), when given.
@@ -133,6 +135,9 @@ pub(crate) struct Wanted {
 
 impl fmt::Display for Wanted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(e) = self.epoch {
+            write!(f, "{e}:")?;
+        }
         match &self.release {
             Some(r) => write!(f, "{}-{r}", self.version),
             None => f.write_str(&self.version),
@@ -141,8 +146,12 @@ impl fmt::Display for Wanted {
 }
 
 /// The plan's `kataVersion`, if any.
-pub(crate) fn wanted(_plan: &Plan) -> Option<Wanted> {
-    None
+pub(crate) fn wanted(plan: &Plan) -> Option<Wanted> {
+    plan.kata_version.as_ref().map(|k| Wanted {
+        epoch: k.epoch,
+        version: k.version.clone(),
+        release: k.release.clone(),
+    })
 }
 
 /// What `preview` says about the check: what `kataVersion` requires, and, with a node
@@ -168,7 +177,7 @@ pub(crate) fn preview_line(plan: &Plan, node: Option<&Result<NodeRelease, String
 }
 
 /// The rule: with a release both version and release must match, with a version only the
-/// version; a node whose release is unknown or unreadable refuses any `kataVersion`. The
+/// version, with an epoch the epoch too (a package without one has epoch 0); a node whose release is unknown or unreadable refuses any `kataVersion`. The
 /// error is one line naming both values and where each came from.
 pub(crate) fn check(wanted: &Wanted, node: &Result<NodeRelease, String>) -> Result<(), String> {
     let head = format!("kataVersion {wanted} (the addon's configuration)");
@@ -179,8 +188,10 @@ pub(crate) fn check(wanted: &Wanted, node: &Result<NodeRelease, String>) -> Resu
             kata_deploy::NOT_RECORDED
         )),
         Ok(n @ NodeRelease::Unknown { .. }) => Err(format!("{head} cannot be checked: the node's Kata release is {n}")),
-        Ok(n @ NodeRelease::Rpm { version, release, .. }) => {
-            let matches = *version == wanted.version && wanted.release.as_ref().is_none_or(|r| r == release);
+        Ok(n @ NodeRelease::Rpm { epoch, version, release, .. }) => {
+            let matches = *version == wanted.version
+                && wanted.release.as_ref().is_none_or(|r| r == release)
+                && wanted.epoch.is_none_or(|e| e == epoch.unwrap_or(0));
             if matches { Ok(()) } else { Err(format!("{head} does not match the node's Kata release {n}")) }
         }
     }
@@ -217,8 +228,11 @@ mod tests {
 
     #[test]
     fn version_alone_or_with_release() {
-        let v =
-            |version: &str, release: Option<&str>| Wanted { version: version.into(), release: release.map(Into::into) };
+        let v = |version: &str, release: Option<&str>| Wanted {
+            epoch: None,
+            version: version.into(),
+            release: release.map(Into::into),
+        };
         assert!(check(&v("3.25.0", None), &rpm("3.25.0", "6.el9")).is_ok());
         assert!(check(&v("3.25.0", Some("6.el9")), &rpm("3.25.0", "6.el9")).is_ok());
         let e = check(&v("3.25.0", Some("5.el9")), &rpm("3.25.0", "6.el9")).unwrap_err();
@@ -227,6 +241,9 @@ mod tests {
             "{e}"
         );
         assert!(check(&v("3.26.0", None), &rpm("3.25.0", "6.el9")).is_err());
+        let epoch = |e| Wanted { epoch: Some(e), ..v("3.25.0", None) };
+        assert!(check(&epoch(0), &rpm("3.25.0", "6.el9")).is_ok(), "no epoch is epoch 0");
+        assert!(check(&epoch(1), &rpm("3.25.0", "6.el9")).unwrap_err().contains("1:3.25.0"));
         let kd = Ok(NodeRelease::KataDeploy { prefix: "/opt/kata".into() });
         assert!(check(&v("3.25.0", None), &kd).unwrap_err().contains("kata-deploy"));
         assert!(check(&v("3.25.0", None), &Err("corrupt".into())).is_err());
