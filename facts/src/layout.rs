@@ -25,31 +25,86 @@ pub const RUNTIME_RS: &str = "runtime-rs";
 /// Dotted TOML table every provider's drop-in sets keys in.
 pub const HYPERVISOR_TABLE: &str = "hypervisor.qemu";
 
-/// Where one provider's standard runtime configurations live.
+/// Where one provider's standard runtime configurations live, and how one is recognised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProviderLayout {
-    /// Name as written in `provider` (`se`, `tdx`, `snp`).
+    /// Name as written in `provider` (`se`, `tdx`, `snp`): the WIT `provider`'s name.
     pub name: &'static str,
     /// Node path of the runtime's `configuration.toml` on OpenShift.
     pub openshift_config: &'static str,
     /// kata-deploy's Go-runtime shim (`qemu-<tee>`); the runtime-rs shim adds `-runtime-rs`.
     pub shim: &'static str,
+    /// The `[hypervisor.qemu]` setting only this TEE's configurations have.
+    pub marker: Marker,
 }
 
-/// Every provider's layout, in provider order (`se`, `tdx`, `snp`).
-pub const PROVIDERS: [ProviderLayout; 3] = [
-    ProviderLayout { name: "se", openshift_config: "/etc/kata-containers/kata-se/configuration.toml", shim: "qemu-se" },
-    ProviderLayout {
-        name: "tdx",
-        openshift_config: "/etc/kata-containers/kata-tdx/configuration.toml",
-        shim: "qemu-tdx",
-    },
-    ProviderLayout {
-        name: "snp",
-        openshift_config: "/etc/kata-containers/kata-snp/configuration.toml",
-        shim: "qemu-snp",
-    },
-];
+/// A `[hypervisor.qemu]` setting that tells one TEE's Kata configurations apart. Facts
+/// (kata-containers 7c6ba40, `src/runtime/config/configuration-qemu-*.toml.in` and
+/// `src/runtime-rs/config/configuration-qemu-*-runtime-rs.toml.in`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marker {
+    /// The key is set, to anything.
+    Set(&'static str),
+    /// The key is `true`.
+    True(&'static str),
+    /// The key is this string.
+    Equals(&'static str, &'static str),
+}
+
+impl Marker {
+    /// The key, in `[hypervisor.qemu]`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Marker::Set(k) | Marker::True(k) | Marker::Equals(k, _) => k,
+        }
+    }
+
+    /// Whether the key's effective value (strings as themselves, other values in TOML
+    /// syntax) is this marker's.
+    pub fn matches(self, value: &str) -> bool {
+        match self {
+            Marker::Set(_) => true,
+            Marker::True(_) => value == "true",
+            Marker::Equals(_, want) => value == want,
+        }
+    }
+}
+
+/// The marker as a reason: `sev_snp_guest = true`, `machine_type = "s390-ccw-virtio"`.
+impl core::fmt::Display for Marker {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Marker::Set(k) => write!(f, "{k} is set"),
+            Marker::True(k) => write!(f, "{k} = true"),
+            Marker::Equals(k, v) => write!(f, "{k} = \"{v}\""),
+        }
+    }
+}
+
+/// IBM Secure Execution (kata-se).
+pub const SE: ProviderLayout = ProviderLayout {
+    name: "se",
+    openshift_config: "/etc/kata-containers/kata-se/configuration.toml",
+    shim: "qemu-se",
+    marker: Marker::Equals("machine_type", "s390-ccw-virtio"),
+};
+/// Intel TDX (kata-tdx).
+pub const TDX: ProviderLayout = ProviderLayout {
+    name: "tdx",
+    openshift_config: "/etc/kata-containers/kata-tdx/configuration.toml",
+    shim: "qemu-tdx",
+    marker: Marker::Set("tdx_quote_generation_service_socket_port"),
+};
+/// AMD SEV-SNP (kata-snp).
+pub const SNP: ProviderLayout = ProviderLayout {
+    name: "snp",
+    openshift_config: "/etc/kata-containers/kata-snp/configuration.toml",
+    shim: "qemu-snp",
+    marker: Marker::True("sev_snp_guest"),
+};
+
+/// Every provider's layout, in provider (WIT) order (`se`, `tdx`, `snp`).
+pub const PROVIDERS: [ProviderLayout; 3] = [SE, TDX, SNP];
 
 /// The layout of the provider named `name`, if it is one.
 pub fn provider_layout(name: &str) -> Option<&'static ProviderLayout> {

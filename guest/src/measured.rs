@@ -9,7 +9,7 @@
 //! it (its command line is sealed into the SE image). The keys are rows of `keys.rs`.
 
 use alloc::format;
-use alloc::string::String;
+use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 use crate::checks::violation;
@@ -57,13 +57,7 @@ fn verity_source(g: &Given<'_>, params: Key, path: Key, errs: &mut Vec<Violation
             None
         }
         (Some(v), None) => match kata_addons_facts::verity::parse(v) {
-            Ok(p) => Some(VeritySource::Params(VerityParams {
-                root_hash: p.root_hash,
-                salt: p.salt,
-                data_blocks: p.data_blocks,
-                data_block_size: p.data_block_size,
-                hash_block_size: p.hash_block_size,
-            })),
+            Ok(p) => Some(VeritySource::Params(p.into())),
             Err(e) => {
                 errs.push(violation(g.name(params), ViolationCode::InvalidVerity, format!("{e}")));
                 None
@@ -157,14 +151,6 @@ pub(crate) struct Boot {
     pub extensions: Option<Vec<Entry>>,
 }
 
-fn fs_name(f: Filesystem) -> &'static str {
-    match f {
-        Filesystem::Ext4 => "ext4",
-        Filesystem::Xfs => "xfs",
-        Filesystem::Erofs => "erofs",
-    }
-}
-
 /// What the drop-in sets beside `image`/`initrd` for `rc`: for an installed image its
 /// dm-verity parameters (`""` when unmeasured: a base's parameters must not stay with
 /// another image) and `rootfs_type`; for an extension the whole array, ours replacing an
@@ -181,7 +167,7 @@ pub(crate) fn boot(
         |k: ArtifactKind| plan.artifacts.iter().any(|a| a.kind == k && matches!(a.verity, Some(VeritySource::File(_))));
     if let Some(img) = image {
         match &img.verity {
-            Some(v) => b.kernel_verity_params = Some(v.to_kata()),
+            Some(v) => b.kernel_verity_params = Some(v.to_string()),
             None if from_file(ArtifactKind::Image) => {}
             None => {
                 if let Some(k) = rc.keys.iter().find(|k| k.key == "kernel_verity_params" && !k.value.trim().is_empty())
@@ -199,7 +185,7 @@ pub(crate) fn boot(
                 b.kernel_verity_params = Some(String::new());
             }
         }
-        b.rootfs_type = img.filesystem.map(fs_name);
+        b.rootfs_type = img.filesystem.map(Filesystem::wit_name);
     }
     if let Some(ext) = extension {
         let name = plan
@@ -211,7 +197,7 @@ pub(crate) fn boot(
         let ours = Entry {
             name: name.clone(),
             path: ext.path.clone(),
-            verity_params: ext.verity.as_ref().map(VerityParams::to_kata).unwrap_or_default(),
+            verity_params: ext.verity.as_ref().map(ToString::to_string).unwrap_or_default(),
         };
         let mut entries: Vec<Entry> = rc
             .extensions
@@ -225,16 +211,6 @@ pub(crate) fn boot(
         b.extensions = Some(entries);
     }
     b
-}
-
-impl VerityParams {
-    /// Kata's `kernel_verity_params` text.
-    pub fn to_kata(&self) -> String {
-        format!(
-            "root_hash={},salt={},data_blocks={},data_block_size={},hash_block_size={}",
-            self.root_hash, self.salt, self.data_blocks, self.data_block_size, self.hash_block_size
-        )
-    }
 }
 
 /// Checks that the installed image/extension was verified as the plan says.

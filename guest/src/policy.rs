@@ -123,9 +123,9 @@ fn image(g: &Given<'_>, errs: &mut Vec<Violation>) -> Option<reference::Parsed> 
 fn provider(g: &Given<'_>, errs: &mut Vec<Violation>) -> Option<Provider> {
     match g.value(Key::Provider) {
         None => Some(Provider::Se),
-        Some(name) if providers::named(name).is_some() => providers::named(name),
+        Some(name) if Provider::from_wit_name(name).is_some() => Provider::from_wit_name(name),
         Some(other) => {
-            let names: Vec<&str> = providers::ALL.iter().map(|p| p.wit_name()).collect();
+            let names: Vec<&str> = Provider::ALL.iter().map(|p| p.wit_name()).collect();
             errs.push(violation(
                 g.name(Key::Provider),
                 ViolationCode::InvalidProvider,
@@ -168,7 +168,7 @@ fn boot_artifacts(g: &Given<'_>, provider: Option<Provider>, errs: &mut Vec<Viol
             if let Some(pr) = provider
                 && !providers::allowed(pr).contains(&kind)
             {
-                let others: Vec<&str> = providers::ALL
+                let others: Vec<&str> = Provider::ALL
                     .iter()
                     .filter(|p| providers::allowed(**p).contains(&kind))
                     .map(|p| p.wit_name())

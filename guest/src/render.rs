@@ -52,7 +52,7 @@ impl Serialize for Nested<'_> {
 /// Checks that a plan is one `plan` could have produced, as far as the drop-in depends on it.
 fn check_plan(plan: &Plan, errs: &mut Vec<Violation>) {
     let provider = plan.provider;
-    if plan.runtime_configs.first().map(String::as_str) != Some(providers::layout(provider).openshift_config) {
+    if plan.runtime_configs.first().map(String::as_str) != Some(provider.layout().openshift_config) {
         errs.push(violation(
             "plan",
             ViolationCode::Inconsistent,
@@ -124,21 +124,18 @@ fn check_runtime_configs(found: &[RuntimeConfigFacts], errs: &mut Vec<Violation>
     }
 }
 
-/// Plan + installed node paths + resolved runtime configurations -> one drop-in each.
-pub fn render(
+/// Checks the installed files against the plan: each planned artifact installed once, at
+/// `<INSTALL_DIR>/<one version dir>/<kind>`, verified as planned; the files that pass.
+fn check_installed<'a>(
     plan: &Plan,
-    installed: &[InstalledFile],
-    runtime_configs: &[RuntimeConfigFacts],
-) -> Result<Vec<DropIn>, Vec<Violation>> {
-    let mut errs = Vec::new();
-    check_plan(plan, &mut errs);
-    check_runtime_configs(runtime_configs, &mut errs);
+    installed: &'a [InstalledFile],
+    errs: &mut Vec<Violation>,
+) -> Vec<&'a InstalledFile> {
     let prefix = format!("{INSTALL_DIR}/");
-    let mut paths: [Option<&str>; 4] = [None; 4];
+    let mut ok: Vec<&InstalledFile> = Vec::new();
     let mut version_dir: Option<&str> = None;
     for f in installed {
         let name = f.kind.wit_name();
-        let slot = f.kind as usize;
         if !plan.artifacts.iter().any(|a| a.kind == f.kind) {
             errs.push(violation(
                 "installed",
@@ -147,7 +144,7 @@ pub fn render(
             ));
             continue;
         }
-        if paths[slot].is_some() {
+        if ok.iter().any(|o| o.kind == f.kind) {
             errs.push(violation(
                 "installed",
                 ViolationCode::Inconsistent,
@@ -184,8 +181,8 @@ pub fn render(
             )),
             _ => version_dir = Some(dir),
         }
-        crate::measured::check_installed(plan, f, &mut errs);
-        paths[slot] = Some(&f.path);
+        crate::measured::check_installed(plan, f, errs);
+        ok.push(f);
     }
     for a in &plan.artifacts {
         if installed.iter().all(|f| f.kind != a.kind) {
@@ -196,12 +193,25 @@ pub fn render(
             ));
         }
     }
+    ok
+}
+
+/// Plan + installed node paths + resolved runtime configurations -> one drop-in each.
+pub fn render(
+    plan: &Plan,
+    installed: &[InstalledFile],
+    runtime_configs: &[RuntimeConfigFacts],
+) -> Result<Vec<DropIn>, Vec<Violation>> {
+    let mut errs = Vec::new();
+    check_plan(plan, &mut errs);
+    check_runtime_configs(runtime_configs, &mut errs);
+    let ok = check_installed(plan, installed, &mut errs);
     if !errs.is_empty() {
         return Err(crate::policy::capped(errs));
     }
-    let [kernel, initrd, image, _] = paths;
-    let find =
-        |k: ArtifactKind| if paths[k as usize].is_some() { installed.iter().find(|f| f.kind == k) } else { None };
+    let find = |k: ArtifactKind| ok.iter().copied().find(|f| f.kind == k);
+    let path = |k: ArtifactKind| find(k).map(|f| f.path.as_str());
+    let (kernel, initrd, image) = (path(ArtifactKind::Kernel), path(ArtifactKind::Initrd), path(ArtifactKind::Image));
     let table: Vec<&str> = HYPERVISOR_TABLE.split('.').collect();
     let mut out = Vec::new();
     for rc in runtime_configs {

@@ -8,7 +8,7 @@
 //! A policy that times out, traps or answers badly is operational: the same input may
 //! succeed with another limit or component, and the daemon retries it.
 
-use crate::policy::{PolicyError, Violation, code_name};
+use crate::policy::{PolicyError, Violation};
 
 /// The configuration itself is invalid (unparsable, wrong kind, over a limit): exit 2.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +95,7 @@ pub fn report(err: &anyhow::Error) -> u8 {
             if violations.len() == 1 { "" } else { "s" }
         );
         for v in violations {
-            eprintln!("  {}: {} [{}]", printable(&v.key), printable(&v.message), code_name(v.code));
+            eprintln!("  {}: {} [{}]", printable(&v.key), printable(&v.message), v.code);
         }
         return Class::InvalidConfig.exit_code();
     }

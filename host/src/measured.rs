@@ -86,13 +86,7 @@ fn read_verity_file(dir: &Dir, a: &Artifact, in_image: &str) -> Result<VerityPar
     let line = text.lines().next().unwrap_or("").trim();
     let p = kata_addons_facts::verity::parse(line)
         .map_err(|e| anyhow::anyhow!("the first line of the verity parameters file {in_image} in the image: {e}"))?;
-    Ok(VerityParams {
-        root_hash: p.root_hash,
-        salt: p.salt,
-        data_blocks: p.data_blocks,
-        data_block_size: p.data_block_size,
-        hash_block_size: p.hash_block_size,
-    })
+    Ok(p.into())
 }
 
 /// Checks every staged image and extension in `dir` (the fetch's `files`), in plan order,
@@ -117,30 +111,13 @@ pub(crate) fn check_staged(dir: &Dir, plan: &Plan, files: &[FetchedFile]) -> Res
             step = "verify",
             kind = %a.file_name,
             source = %a.source,
-            filesystem = found.filesystem.as_str(),
+            filesystem = found.filesystem.wit_name(),
             root_hash = found.root_hash.as_deref().unwrap_or("(unmeasured)"),
             "checked as the guest will use it"
         );
-        out.push(Checked { filesystem: Some(wit_fs(found.filesystem)), verity, outside_sha256: found.outside_sha256 });
+        out.push(Checked { filesystem: Some(found.filesystem), verity, outside_sha256: found.outside_sha256 });
     }
     Ok(out)
-}
-
-fn wit_fs(f: verity::Filesystem) -> Filesystem {
-    match f {
-        verity::Filesystem::Ext4 => Filesystem::Ext4,
-        verity::Filesystem::Xfs => Filesystem::Xfs,
-        verity::Filesystem::Erofs => Filesystem::Erofs,
-    }
-}
-
-/// The state's name of a filesystem.
-fn fs_name(f: Filesystem) -> &'static str {
-    match f {
-        Filesystem::Ext4 => "ext4",
-        Filesystem::Xfs => "xfs",
-        Filesystem::Erofs => "erofs",
-    }
 }
 
 /// The installed files as `render` takes them, with what their checks found.
@@ -155,7 +132,7 @@ pub(crate) fn installed(mut files: Vec<InstalledFile>, checked: &[Checked]) -> V
 /// What the state records of a check.
 pub(crate) fn record(c: &Checked) -> (Option<String>, Option<VerityRecord>) {
     (
-        c.filesystem.map(|f| fs_name(f).to_string()),
+        c.filesystem.map(|f| f.wit_name().to_string()),
         c.verity.as_ref().map(|v| VerityRecord {
             root_hash: v.root_hash.clone(),
             salt: v.salt.clone(),
@@ -173,12 +150,7 @@ pub(crate) fn from_records(files: &[FileRecord]) -> Vec<Checked> {
     files
         .iter()
         .map(|f| Checked {
-            filesystem: match f.filesystem.as_deref() {
-                Some("ext4") => Some(Filesystem::Ext4),
-                Some("xfs") => Some(Filesystem::Xfs),
-                Some("erofs") => Some(Filesystem::Erofs),
-                _ => None,
-            },
+            filesystem: f.filesystem.as_deref().and_then(Filesystem::from_wit_name),
             verity: f.verity.as_ref().map(|v| VerityParams {
                 root_hash: v.root_hash.clone(),
                 salt: v.salt.clone(),

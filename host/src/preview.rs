@@ -92,7 +92,7 @@ pub(crate) fn plan_json(plan: &Plan) -> serde_json::Value {
     json!({
         "image": plan.image,
         "source": source,
-        "provider": plan.provider.name(),
+        "provider": plan.provider.wit_name(),
         "version": plan.version,
         "runtimeClasses": plan.runtime_classes,
         "runtimeConfigs": plan.runtime_configs,
@@ -103,7 +103,7 @@ pub(crate) fn plan_json(plan: &Plan) -> serde_json::Value {
 fn artifacts_json(plan: &Plan) -> serde_json::Value {
     plan.artifacts
         .iter()
-        .map(|a| json!({ "kind": a.kind.name(), "source": a.source, "fileName": a.file_name, "sha256": a.sha256 }))
+        .map(|a| json!({ "kind": a.kind.wit_name(), "source": a.source, "fileName": a.file_name, "sha256": a.sha256 }))
         .collect()
 }
 
@@ -162,10 +162,10 @@ pub(crate) fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<
             }
             writeln!(out, "\nPlan:")?;
             writeln!(out, "  image:    {}", p.plan.image)?;
-            writeln!(out, "  provider: {}", p.plan.provider.name())?;
+            writeln!(out, "  provider: {}", p.plan.provider.wit_name())?;
             writeln!(out, "  version:  {}", p.plan.version)?;
             for (a, f) in p.plan.artifacts.iter().zip(&p.installed) {
-                writeln!(out, "  {:<7} {} -> {}", a.kind.name(), a.source, f.path)?;
+                writeln!(out, "  {:<7} {} -> {}", a.kind.wit_name(), a.source, f.path)?;
                 if let Some(s) = &a.sha256 {
                     writeln!(out, "          sha256 {s}")?;
                 }

@@ -45,6 +45,8 @@ pub(crate) struct FileRecord {
 
 /// dm-verity parameters a measured file was verified against (the tree computed over
 /// partition 1 gave `root_hash` and equalled the hash area on partition 2).
+/// The state file's own schema of the parameters (camelCase, with `outsideSha256`), kept
+/// apart from the WIT record so the on-disk format does not change with the contract.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct VerityRecord {

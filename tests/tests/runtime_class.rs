@@ -4,20 +4,21 @@
 //! packaged here: its fixtures follow its documented rules (crio.conf(5), crio.conf.d:
 //! lexical order, later files win) and cri-o's `UpdateFromPath` walk.
 
-use kata_addons::kata_config::{self as runtime_class, Tee};
+use kata_addons::kata_config::{self as runtime_class};
 use kata_addons::node::Root;
+use kata_addons::policy::Provider;
 use kata_addons_tests::cri::{
     KataDeploy, SHIMS, V2, V3, containerd_dump, containerd_dump_from, containerd_missing, dumped_config_path,
 };
 use kata_addons_tests::node::Node;
 
-fn resolve(node: &Node, handlers: &[&str], tee: Tee) -> anyhow::Result<Vec<(String, String)>> {
+fn resolve(node: &Node, handlers: &[&str], tee: Provider) -> anyhow::Result<Vec<(String, String)>> {
     let root = Root::open(node.root()).expect("root");
     let hs: Vec<String> = handlers.iter().map(|h| h.to_string()).collect();
     Ok(runtime_class::resolve(&root, &hs, tee)?.into_iter().map(|t| (t.handler, t.config.resolved)).collect())
 }
 
-fn refusal(node: &Node, handlers: &[&str], tee: Tee) -> String {
+fn refusal(node: &Node, handlers: &[&str], tee: Provider) -> String {
     match resolve(node, handlers, tee) {
         Ok(t) => panic!("resolved {t:?}, expected a refusal"),
         Err(e) => format!("{e:#}"),
@@ -25,7 +26,7 @@ fn refusal(node: &Node, handlers: &[&str], tee: Tee) -> String {
 }
 
 /// Every handler resolves to what containerd's own dump says, and that is kata-deploy's path.
-fn agrees_with_containerd(node: &Node, main: &str, cases: &[(&str, &str, Tee)]) {
+fn agrees_with_containerd(node: &Node, main: &str, cases: &[(&str, &str, Provider)]) {
     if let Some(why) = containerd_missing() {
         panic!("needs containerd: {why}");
     }
@@ -60,16 +61,16 @@ fn gpu_shims_through_a_containerd_import_agree_with_containerd() {
         &node,
         "/etc/containerd/config.toml",
         &[
-            ("kata-qemu-nvidia-gpu-snp", &kd.config_path("qemu-nvidia-gpu-snp"), Tee::Snp),
-            ("kata-qemu-nvidia-gpu-snp-runtime-rs", &kd.config_path("qemu-nvidia-gpu-snp-runtime-rs"), Tee::Snp),
-            ("kata-qemu-nvidia-gpu-tdx", &kd.config_path("qemu-nvidia-gpu-tdx"), Tee::Tdx),
-            ("kata-qemu-nvidia-gpu-tdx-runtime-rs", &kd.config_path("qemu-nvidia-gpu-tdx-runtime-rs"), Tee::Tdx),
-            ("kata-qemu-snp", &kd.config_path("qemu-snp"), Tee::Snp),
-            ("kata-qemu-tdx-runtime-rs", &kd.config_path("qemu-tdx-runtime-rs"), Tee::Tdx),
+            ("kata-qemu-nvidia-gpu-snp", &kd.config_path("qemu-nvidia-gpu-snp"), Provider::Snp),
+            ("kata-qemu-nvidia-gpu-snp-runtime-rs", &kd.config_path("qemu-nvidia-gpu-snp-runtime-rs"), Provider::Snp),
+            ("kata-qemu-nvidia-gpu-tdx", &kd.config_path("qemu-nvidia-gpu-tdx"), Provider::Tdx),
+            ("kata-qemu-nvidia-gpu-tdx-runtime-rs", &kd.config_path("qemu-nvidia-gpu-tdx-runtime-rs"), Provider::Tdx),
+            ("kata-qemu-snp", &kd.config_path("qemu-snp"), Provider::Snp),
+            ("kata-qemu-tdx-runtime-rs", &kd.config_path("qemu-tdx-runtime-rs"), Provider::Tdx),
         ],
     );
     // The list in its order, duplicates already collapsed by the policy.
-    let both = resolve(&node, &["kata-qemu-nvidia-gpu-snp", "kata-qemu-snp"], Tee::Snp).expect("two");
+    let both = resolve(&node, &["kata-qemu-nvidia-gpu-snp", "kata-qemu-snp"], Provider::Snp).expect("two");
     assert_eq!(both.len(), 2);
 }
 
@@ -86,7 +87,7 @@ fn conf_d_glob_import_agrees_with_containerd() {
     agrees_with_containerd(
         &node,
         "/etc/containerd/config.toml",
-        &[("kata-qemu-nvidia-gpu-snp", &kd.config_path("qemu-nvidia-gpu-snp"), Tee::Snp)],
+        &[("kata-qemu-nvidia-gpu-snp", &kd.config_path("qemu-nvidia-gpu-snp"), Provider::Snp)],
     );
 }
 
@@ -116,7 +117,7 @@ fn relative_imports_agree_with_containerd() {
     // (/etc/containerd/extra) by current containerd, from the working directory by
     // Debian's 1.6.20: run that one from /etc/containerd/extra.
     let dump = containerd_dump_from(node.root(), "/etc/containerd/config.toml", "/etc/containerd/extra");
-    let ours = resolve(&node, &["kata-qemu-nvidia-gpu-tdx"], Tee::Tdx).expect("relative imports");
+    let ours = resolve(&node, &["kata-qemu-nvidia-gpu-tdx"], Provider::Tdx).expect("relative imports");
     assert_eq!(ours, vec![("kata-qemu-nvidia-gpu-tdx".to_string(), kd.config_path("qemu-nvidia-gpu-tdx"))]);
     assert_eq!(dumped_config_path(&dump, "kata-qemu-nvidia-gpu-tdx"), Some(kd.config_path("qemu-nvidia-gpu-tdx")));
 }
@@ -142,7 +143,7 @@ fn k3s_drop_in_directory_agrees_with_containerd() {
     agrees_with_containerd(
         &node,
         &format!("{dir}/config.toml"),
-        &[("kata-qemu-nvidia-gpu-tdx", &kd.config_path("qemu-nvidia-gpu-tdx"), Tee::Tdx)],
+        &[("kata-qemu-nvidia-gpu-tdx", &kd.config_path("qemu-nvidia-gpu-tdx"), Provider::Tdx)],
     );
 }
 
@@ -165,9 +166,9 @@ fn multi_install_and_custom_runtime_agree_with_containerd() {
         &node,
         "/etc/containerd/config.toml",
         &[
-            ("kata-qemu-nvidia-gpu-snp", &kd.config_path("qemu-nvidia-gpu-snp"), Tee::Snp),
-            ("kata-qemu-nvidia-gpu-snp-gpu", &gpu.config_path("qemu-nvidia-gpu-snp"), Tee::Snp),
-            ("my-gpu-snp", &kd.custom_config_path("my-gpu-snp", "qemu-nvidia-gpu-snp"), Tee::Snp),
+            ("kata-qemu-nvidia-gpu-snp", &kd.config_path("qemu-nvidia-gpu-snp"), Provider::Snp),
+            ("kata-qemu-nvidia-gpu-snp-gpu", &gpu.config_path("qemu-nvidia-gpu-snp"), Provider::Snp),
+            ("my-gpu-snp", &kd.custom_config_path("my-gpu-snp", "qemu-nvidia-gpu-snp"), Provider::Snp),
         ],
     );
     assert!(gpu.config_path("qemu-nvidia-gpu-snp").starts_with("/opt/kata-gpu/share/defaults/kata-containers/"));
@@ -192,7 +193,7 @@ fn legacy_cri_plugin_name_agrees_with_containerd() {
     agrees_with_containerd(
         &node,
         "/etc/containerd/config.toml",
-        &[("kata-qemu-snp", &kd.config_path("qemu-snp"), Tee::Snp)],
+        &[("kata-qemu-snp", &kd.config_path("qemu-snp"), Provider::Snp)],
     );
 }
 
@@ -226,7 +227,7 @@ fn a_handler_containerd_1_and_2_read_differently_is_refused() {
     }
     let dump = containerd_dump(node.root(), "/etc/containerd/config.toml");
     assert_eq!(dumped_config_path(&dump, "kata-qemu-snp"), None, "containerd 1.6 replaced the CRI section");
-    let e = refusal(&node, &["kata-qemu-snp"], Tee::Snp);
+    let e = refusal(&node, &["kata-qemu-snp"], Provider::Snp);
     assert!(e.contains("containerd 1.x and 2.x read these files differently") && e.contains("1.x: not defined"), "{e}");
     assert!(e.contains("/etc/containerd/conf.d/10-snapshotter.toml"), "{e}");
 }
@@ -254,11 +255,11 @@ fn version_3_split_cri_plugin() {
         ),
     );
     assert_eq!(
-        resolve(&node, &["kata-qemu-nvidia-gpu-tdx"], Tee::Tdx).expect("v3 handler"),
+        resolve(&node, &["kata-qemu-nvidia-gpu-tdx"], Provider::Tdx).expect("v3 handler"),
         vec![("kata-qemu-nvidia-gpu-tdx".to_string(), kd.config_path("qemu-nvidia-gpu-tdx"))]
     );
     // containerd 2.x ignores a version-2 section in a version-3 configuration.
-    let e = refusal(&node, &["kata-qemu-tdx"], Tee::Tdx);
+    let e = refusal(&node, &["kata-qemu-tdx"], Provider::Tdx);
     assert!(e.contains("no container runtime on the node defines this handler"), "{e}");
 }
 
@@ -283,7 +284,7 @@ fn crio_drop_ins_in_lexical_order_later_wins() {
          privileged_without_host_devices = true\n",
     );
     assert_eq!(
-        resolve(&node, &["kata-cc", "kata-qemu-nvidia-gpu-snp-runtime-rs"], Tee::Snp).expect("crio"),
+        resolve(&node, &["kata-cc", "kata-qemu-nvidia-gpu-snp-runtime-rs"], Provider::Snp).expect("crio"),
         vec![
             ("kata-cc".to_string(), "/etc/kata-containers/kata-snp/configuration.toml".to_string()),
             ("kata-qemu-nvidia-gpu-snp-runtime-rs".to_string(), kd.config_path("qemu-nvidia-gpu-snp-runtime-rs")),
@@ -300,14 +301,14 @@ fn crio_drop_ins_in_lexical_order_later_wins() {
         ),
     );
     assert_eq!(
-        resolve(&node, &["kata-cc"], Tee::Snp).expect("later wins"),
+        resolve(&node, &["kata-cc"], Provider::Snp).expect("later wins"),
         vec![("kata-cc".to_string(), kd.config_path("qemu-snp"))]
     );
     node.write(
         "/etc/crio/crio.conf.d/zzz-runtime-only",
         "[crio.runtime.runtimes.kata-cc]\nruntime_type = \"vm\"\nruntime_path = \"/usr/bin/containerd-shim-kata-v2\"\n",
     );
-    let e = refusal(&node, &["kata-cc"], Tee::Snp);
+    let e = refusal(&node, &["kata-cc"], Provider::Snp);
     assert!(
         e.contains("without a Kata configuration path") && e.contains("/etc/crio/crio.conf.d/zzz-runtime-only"),
         "{e}"
@@ -371,14 +372,14 @@ fn refusals_name_the_handler_and_every_file_read() {
         ("kata-qemu", "not a confidential guest configuration"),
     ];
     for (h, why) in cases {
-        let e = refusal(&node, &[h], Tee::Snp);
+        let e = refusal(&node, &[h], Provider::Snp);
         assert!(e.contains(&format!("runtimeClass handler `{h}`")) && e.contains(why), "{h}: {e}");
         for f in files {
             assert!(e.contains(f), "{h}: the refusal does not name {f}: {e}");
         }
     }
     // One bad handler refuses the whole list, naming each bad one.
-    let e = refusal(&node, &["kata-qemu-nvidia-gpu-snp", "kata-nope", "kata-qemu-tdx"], Tee::Snp);
+    let e = refusal(&node, &["kata-qemu-nvidia-gpu-snp", "kata-nope", "kata-qemu-tdx"], Provider::Snp);
     assert!(
         e.contains("`kata-nope`") && e.contains("`kata-qemu-tdx`") && !e.contains("`kata-qemu-nvidia-gpu-snp`"),
         "{e}"
@@ -392,7 +393,7 @@ fn refusals_name_the_handler_and_every_file_read() {
             kd.config_path("qemu-nvidia-gpu-snp")
         ),
     );
-    let e = refusal(&node, &["kata-qemu-snp"], Tee::Snp);
+    let e = refusal(&node, &["kata-qemu-snp"], Provider::Snp);
     assert!(e.contains("define it differently"), "{e}");
 }
 
@@ -409,14 +410,14 @@ fn drift_selection_and_known_configurations() {
     node.write("/etc/containerd/config.toml", &format!("version = 2\nimports = [\"{drop_in}\"]\n"));
     let root = Root::open(node.root()).expect("root");
     let hs = vec!["kata-qemu-nvidia-gpu-snp".to_string(), "kata-qemu-nvidia-gpu-snp-runtime-rs".to_string()];
-    let all = runtime_class::discover(&root, &hs, Tee::Snp, &[], &Default::default()).expect("both");
+    let all = runtime_class::discover(&root, &hs, Provider::Snp, &[], &Default::default()).expect("both");
     assert_eq!(all.len(), 2);
     assert_eq!(all[0].handler.as_deref(), Some("kata-qemu-nvidia-gpu-snp"));
     let only = kata_addons::kata_config::Selection {
         only: vec![kd.config_path("qemu-nvidia-gpu-snp-runtime-rs")],
         ..Default::default()
     };
-    let one = runtime_class::discover(&root, &hs, Tee::Snp, &[], &only).expect("restricted");
+    let one = runtime_class::discover(&root, &hs, Provider::Snp, &[], &only).expect("restricted");
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].handler.as_deref(), Some("kata-qemu-nvidia-gpu-snp-runtime-rs"));
     let mut known = runtime_class::config_paths(&root).expect("known");
@@ -424,14 +425,14 @@ fn drift_selection_and_known_configurations() {
     assert_eq!(known, vec![kd.config_path("qemu-nvidia-gpu-snp-runtime-rs"), kd.config_path("qemu-nvidia-gpu-snp")]);
 
     let recorded = vec![("kata-qemu-nvidia-gpu-snp".to_string(), kd.config_path("qemu-nvidia-gpu-snp"))];
-    assert!(runtime_class::drift(&root, &recorded, Tee::Snp).expect("drift").is_empty());
+    assert!(runtime_class::drift(&root, &recorded, Provider::Snp).expect("drift").is_empty());
     // kata-deploy points the handler at another shim's configuration.
     let (_, text) = kd.containerd_drop_in(V2, &["qemu-nvidia-gpu-snp-runtime-rs"], &[]);
     let moved = text.replace("kata-qemu-nvidia-gpu-snp-runtime-rs", "kata-qemu-nvidia-gpu-snp");
     node.write(&drop_in, &moved);
-    let d = runtime_class::drift(&root, &recorded, Tee::Snp).expect("drift");
+    let d = runtime_class::drift(&root, &recorded, Provider::Snp).expect("drift");
     assert!(d.len() == 1 && d[0].contains("now runs") && d[0].contains("runtime-rs"), "{d:?}");
     node.write(&drop_in, "");
-    let d = runtime_class::drift(&root, &recorded, Tee::Snp).expect("drift");
+    let d = runtime_class::drift(&root, &recorded, Provider::Snp).expect("drift");
     assert!(d.len() == 1 && d[0].contains("no longer resolves"), "{d:?}");
 }

@@ -266,14 +266,14 @@ fn filesystems_and_the_extension_integrity_table() {
     // rootfs_type comes from partition 1's superblock.
     let (gpt, v) = disk::measured(d, "e", Fs::Erofs, Label::Gpt, "01", 4096, 4096);
     let got = check(&gpt, Role::Image, Some(&params(&v))).expect("erofs");
-    assert_eq!((got.filesystem.as_str(), got.table), ("erofs", Some("gpt")));
+    assert_eq!((got.filesystem.wit_name(), got.table), ("erofs", Some("gpt")));
     assert_eq!(got.root_hash.as_deref(), Some(v.root_hash.as_str()));
     let (mbr, vm) = disk::measured(d, "x4", Fs::Ext4, Label::Mbr, "01", 4096, 4096);
-    assert_eq!(check(&mbr, Role::Image, Some(&params(&vm))).expect("ext4").filesystem.as_str(), "ext4");
+    assert_eq!(check(&mbr, Role::Image, Some(&params(&vm))).expect("ext4").filesystem.wit_name(), "ext4");
     if disk::on_path("mkfs.xfs") {
         let xfs = disk::filesystem(d, "xfs", Fs::Xfs, 4096);
         let xd = disk::disk(&d.join("xfs.img"), Label::Gpt, &[&xfs], 0);
-        assert_eq!(check(&xd, Role::Image, None).expect("xfs").filesystem.as_str(), "xfs");
+        assert_eq!(check(&xd, Role::Image, None).expect("xfs").filesystem.wit_name(), "xfs");
     }
     // An unmeasured image still needs partition 1 with a known filesystem.
     let junk = d.join("junk.bin");

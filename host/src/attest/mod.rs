@@ -18,9 +18,9 @@ pub(crate) mod report;
 pub(crate) mod se;
 pub mod snp;
 
-use crate::kata_config::{self, ExtensionImage, Fragment, Setting};
+use crate::kata_config::{self, Fragment, Setting};
 use crate::node::Root;
-use crate::policy::Provider;
+use crate::policy::{ExtensionImage, Provider};
 use crate::state::FileRecord;
 
 /// One reference value as Trustee's RVPS stores it: a name and the accepted values.

@@ -9,7 +9,8 @@ use base64::Engine;
 use serde::Serialize;
 
 use super::{Target, Value};
-use crate::kata_config::{ExtensionImage, Setting};
+use crate::kata_config::Setting;
+use crate::policy::ExtensionImage;
 use crate::state::FileRecord;
 
 /// The RVPS message version Trustee's RVPS expects (`rvps/src/lib.rs`, `MESSAGE_VERSION`).

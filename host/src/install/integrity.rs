@@ -73,10 +73,10 @@ pub(crate) fn check(dir: &Dir, rel: &Path, rec: &FileRecord) -> Result<Finding> 
             found.outside_sha256.as_deref().unwrap_or("?")
         )));
     }
-    if rec.filesystem.as_deref().is_some_and(|fs| fs != found.filesystem.as_str()) {
+    if rec.filesystem.as_deref().is_some_and(|fs| fs != found.filesystem.wit_name()) {
         return Ok(Finding::Differs(format!(
             "partition 1 holds {}, expected {}",
-            found.filesystem.as_str(),
+            found.filesystem.wit_name(),
             rec.filesystem.as_deref().unwrap_or("?")
         )));
     }

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use super::discovery::open_addons;
 use super::integrity::Finding;
-use crate::kata_config::{self, Tee};
+use crate::kata_config;
 use crate::node::{self, Root, Site};
 use crate::state::{self, DropInRecord, State};
 
@@ -222,7 +222,7 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
     // configuration the handler no longer runs.
     let handlers: Vec<(String, String)> =
         st.drop_ins.iter().filter_map(|d| Some((d.handler.clone()?, d.runtime_config.clone()))).collect();
-    problems.extend(kata_config::drift(&root, &handlers, Tee::of(st.provider))?);
+    problems.extend(kata_config::drift(&root, &handlers, st.provider)?);
     let registry = match artifacts {
         Depth::Hash => crate::source::containerd_pull::status_lines(&site.root, &st.image),
         Depth::Size => Vec::new(),

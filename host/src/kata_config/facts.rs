@@ -1,7 +1,8 @@
 //! What the runner reads of a target runtime configuration for the policy's `render`: its
 //! effective configuration WITHOUT kata-addons' drop-in (the resolved main file and the
 //! other `config.d` fragments, merged as Kata merges: tables merge, everything else,
-//! arrays included, replaced by the later fragment). The runner decides nothing from it.
+//! arrays included, replaced by the later fragment), in the WIT's records. The runner
+//! decides nothing from it.
 
 use std::path::Path;
 
@@ -9,47 +10,13 @@ use anyhow::Result;
 
 use super::files::{self as runtime, Fragment, RuntimeConfig};
 use crate::node::Root;
+use crate::policy::{EffectiveKey, ExtensionImage, RuntimeConfigFacts};
 
 /// The string boot keys of the hypervisor table the policy is told about.
 pub(crate) const BOOT_KEYS: [&str; 5] = ["kernel", "initrd", "image", "kernel_verity_params", "rootfs_type"];
 
 /// The array of guest extension images in the hypervisor table.
 pub(crate) const EXTENSIONS_KEY: &str = "guest_extension_images";
-
-/// A boot key in effect and the node file that set it last.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct EffectiveKey {
-    /// Key name (one of [`BOOT_KEYS`]).
-    pub key: String,
-    /// Its value (non-strings in TOML syntax).
-    pub value: String,
-    /// Node path of the fragment that set it last.
-    pub from: String,
-}
-
-/// One `[[hypervisor.qemu.guest_extension_images]]` entry in effect.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct ExtensionImage {
-    /// `name`.
-    pub name: String,
-    /// `path`.
-    pub path: String,
-    /// `verity_params` (empty = unmeasured).
-    pub verity_params: String,
-}
-
-/// The facts of one runtime configuration.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct RuntimeConfigFacts {
-    /// Node path of the resolved `configuration*.toml`.
-    pub path: String,
-    /// Boot keys in effect, in [`BOOT_KEYS`] order (those that are set).
-    pub keys: Vec<EffectiveKey>,
-    /// `guest_extension_images` in effect, in order.
-    pub extensions: Vec<ExtensionImage>,
-    /// The node file that set `guest_extension_images` last.
-    pub extensions_from: Option<String>,
-}
 
 /// The fragments Kata reads for the configuration at root-relative `rel`, without the one
 /// named `drop_in_name` in its `config.d` (kata-addons' own).
@@ -113,7 +80,7 @@ pub(crate) fn of_fragments(fragments: &[Fragment], path: &str, table: &str) -> R
         })
         .collect();
     let (extensions, extensions_from) = extensions(fragments, &dotted);
-    RuntimeConfigFacts { path: path.to_string(), keys, extensions, extensions_from }
+    RuntimeConfigFacts { path: path.to_string(), handler: None, keys, extensions, extensions_from }
 }
 
 /// Entries of `guest_extension_images` that kata-addons' drop-in (`ours`, a node path in
@@ -175,23 +142,8 @@ pub(crate) fn stale_extensions(
 
 /// The facts `render` takes of one runtime configuration found on the node: its boot keys
 /// and extension images in effect without kata-addons' drop-in (see the module comment).
-pub(crate) fn for_render(root: &Root, rc: &RuntimeConfig) -> Result<crate::policy::RuntimeConfigFacts> {
-    let f = read(root, &rc.rel, &rc.resolved, kata_addons_facts::HYPERVISOR_TABLE, kata_addons_facts::DROP_IN_NAME)?;
-    Ok(crate::policy::RuntimeConfigFacts {
-        path: f.path,
-        handler: None,
-        keys: f
-            .keys
-            .into_iter()
-            .map(|k| crate::policy::EffectiveKey { key: k.key, value: k.value, from: k.from })
-            .collect(),
-        extensions: f
-            .extensions
-            .into_iter()
-            .map(|e| crate::policy::ExtensionImage { name: e.name, path: e.path, verity_params: e.verity_params })
-            .collect(),
-        extensions_from: f.extensions_from,
-    })
+pub(crate) fn for_render(root: &Root, rc: &RuntimeConfig) -> Result<RuntimeConfigFacts> {
+    read(root, &rc.rel, &rc.resolved, kata_addons_facts::HYPERVISOR_TABLE, kata_addons_facts::DROP_IN_NAME)
 }
 
 #[cfg(test)]

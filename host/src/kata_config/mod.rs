@@ -17,11 +17,11 @@ use anyhow::Result;
 use crate::node::Root;
 use crate::policy::{Plan, RuntimeConfigFacts};
 
-pub(crate) use facts::{ExtensionImage, extensions, fragments_without, stale_extensions};
+pub(crate) use facts::{extensions, fragments_without, stale_extensions};
 pub(crate) use files::{CONFIG_D, Fragment, Setting, effective, effective_value, fragments, leaves};
 pub use files::{RuntimeConfig, Selection};
 pub(crate) use load::check as check_loads;
-pub use runtime_class::{Chosen, Target, Tee, config_paths, discover, drift, resolve};
+pub use runtime_class::{Chosen, Target, config_paths, discover, drift, resolve};
 pub(crate) use runtime_class::{containerd_registry, read_cri_configs, watched_dirs};
 
 /// One runtime configuration a plan installs for, with what `render` is told of it.
@@ -39,7 +39,7 @@ pub(crate) struct Found {
 /// configurations, else the provider's standard ones, narrowed by `selection`), each with
 /// its facts for `render`.
 pub(crate) fn found(root: &Root, plan: &Plan, selection: &Selection) -> Result<Vec<Found>> {
-    let chosen = discover(root, &plan.runtime_classes, Tee::of(plan.provider), &plan.runtime_configs, selection)?;
+    let chosen = discover(root, &plan.runtime_classes, plan.provider, &plan.runtime_configs, selection)?;
     chosen
         .into_iter()
         .map(|Chosen { config, handler }| {

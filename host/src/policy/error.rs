@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::bindings::{Violation, ViolationCode};
+use super::bindings::Violation;
 
 /// Why a policy call did not produce a usable answer.
 #[derive(Debug, thiserror::Error)]
@@ -52,26 +52,7 @@ pub enum PolicyError {
 
 /// One line per violation: `key: message [code]`.
 pub fn format_violations(v: &[Violation]) -> String {
-    v.iter().map(|v| format!("  {}: {} [{}]", v.key, v.message, code_name(v.code))).collect::<Vec<_>>().join("\n")
-}
-
-/// The WIT name of a violation code.
-pub fn code_name(c: ViolationCode) -> &'static str {
-    match c {
-        ViolationCode::Missing => "missing",
-        ViolationCode::UnknownKey => "unknown-key",
-        ViolationCode::InvalidReference => "invalid-reference",
-        ViolationCode::InvalidPath => "invalid-path",
-        ViolationCode::InvalidVersion => "invalid-version",
-        ViolationCode::InvalidProvider => "invalid-provider",
-        ViolationCode::InvalidSha256 => "invalid-sha256",
-        ViolationCode::NotAllowed => "not-allowed",
-        ViolationCode::Conflict => "conflict",
-        ViolationCode::Inconsistent => "inconsistent",
-        ViolationCode::InvalidVerity => "invalid-verity",
-        ViolationCode::InvalidName => "invalid-name",
-        ViolationCode::NodeRefuses => "node-refuses",
-    }
+    v.iter().map(|v| format!("  {}: {} [{}]", v.key, v.message, v.code)).collect::<Vec<_>>().join("\n")
 }
 
 pub(super) fn bad(func: &'static str, detail: String) -> PolicyError {

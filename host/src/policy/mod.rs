@@ -21,4 +21,4 @@ pub use bindings::{
 pub use cache::LoadedFrom;
 pub use checks::{is_clean_abs_path, is_plain_file_name, path_only_facts};
 pub use component::{Policy, PolicyOptions, default_cache_dir};
-pub use error::{PolicyError, code_name, format_violations};
+pub use error::{PolicyError, format_violations};

@@ -20,7 +20,9 @@ pub use superblock::Filesystem;
 use partition::{Part, Table};
 use tree::TreeBuilder;
 
-/// dm-verity parameters, decoded (format 1, sha256).
+/// dm-verity parameters, decoded (format 1, sha256): the bytes the tree is computed with.
+/// Not another spelling of the parameters (those are the shared parser's and the WIT's):
+/// decoded once from them, so the hash loop never decodes hex.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Params {
     /// Expected root hash.
@@ -186,7 +188,7 @@ fn erofs_only(name: &str, fs: Filesystem) -> anyhow::Result<()> {
     if fs != Filesystem::Erofs {
         return Err(refuse(
             name,
-            format!("the extension holds {}, but the guest mounts extensions as erofs only", fs.as_str()),
+            format!("the extension holds {}, but the guest mounts extensions as erofs only", fs.wit_name()),
         ));
     }
     Ok(())

@@ -4,27 +4,9 @@
 /// Bytes of a partition's start that hold every superblock looked at.
 pub(crate) const PROBE_BYTES: usize = 2048;
 
-/// A filesystem Kata can boot from or mount as an extension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Filesystem {
-    /// ext4 (`rootfs_type = "ext4"`, Kata's default).
-    Ext4,
-    /// XFS.
-    Xfs,
-    /// EROFS.
-    Erofs,
-}
-
-impl Filesystem {
-    /// The `rootfs_type` value (`ext4`, `xfs`, `erofs`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Filesystem::Ext4 => "ext4",
-            Filesystem::Xfs => "xfs",
-            Filesystem::Erofs => "erofs",
-        }
-    }
-}
+/// A filesystem Kata can boot from or mount as an extension: the WIT `filesystem`, whose
+/// name is Kata's `rootfs_type` value.
+pub use crate::policy::Filesystem;
 
 /// ext2/3/4: `s_magic` (le16 0xEF53) at byte 56 of the superblock at offset 1024.
 fn is_ext4(b: &[u8]) -> bool {
@@ -57,7 +39,7 @@ pub(crate) fn detect(start: &[u8]) -> Result<Filesystem, String> {
         [] => Err("holds no ext4, xfs or erofs superblock (the filesystems Kata boots with rootfs_type)".to_string()),
         many => Err(format!(
             "carries the superblock magic of several filesystems ({}): which one the guest would mount is unclear",
-            many.iter().map(|f| f.as_str()).collect::<Vec<_>>().join(", ")
+            many.iter().map(|f| f.wit_name()).collect::<Vec<_>>().join(", ")
         )),
     }
 }

@@ -19,8 +19,7 @@ use anyhow::{Result, bail};
 
 use crate::kata_config::files::{self as runtime, RuntimeConfig, Selection};
 use crate::node::{self, Root};
-
-pub use tee::Tee;
+use crate::policy::Provider;
 
 /// What a container runtime's configuration says about one handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,7 +235,7 @@ pub struct Target {
 }
 
 /// What one handler resolves to, or why it cannot be used.
-fn resolve_one(root: &Root, configs: &[CriConfig], handler: &str, tee: Tee) -> Result<Target, String> {
+fn resolve_one(root: &Root, configs: &[CriConfig], handler: &str, tee: Provider) -> Result<Target, String> {
     let mut found: Vec<(&CriConfig, &Handler)> = Vec::new();
     for c in configs {
         if let Some(why) = c.disputed.get(handler) {
@@ -321,13 +320,18 @@ fn resolve_one(root: &Root, configs: &[CriConfig], handler: &str, tee: Tee) -> R
 /// Resolves every handler (in the given order) to its Kata runtime configuration and
 /// checks each is one of `tee`. Any problem with any handler refuses the whole list: the
 /// error names each bad handler, why, and every CRI file read.
-pub fn resolve(root: &Root, handlers: &[String], tee: Tee) -> Result<Vec<Target>> {
+pub fn resolve(root: &Root, handlers: &[String], tee: Provider) -> Result<Vec<Target>> {
     let configs = read_cri_configs(root)?;
     resolve_in(root, &configs, handlers, tee)
 }
 
 /// [`resolve`] with the CRI configurations already read.
-pub(crate) fn resolve_in(root: &Root, configs: &[CriConfig], handlers: &[String], tee: Tee) -> Result<Vec<Target>> {
+pub(crate) fn resolve_in(
+    root: &Root,
+    configs: &[CriConfig],
+    handlers: &[String],
+    tee: Provider,
+) -> Result<Vec<Target>> {
     let mut targets = Vec::new();
     let mut problems = Vec::new();
     for h in handlers {
@@ -364,7 +368,7 @@ pub struct Chosen {
 pub fn discover(
     root: &Root,
     handlers: &[String],
-    tee: Tee,
+    tee: Provider,
     candidates: &[String],
     sel: &Selection,
 ) -> Result<Vec<Chosen>> {
@@ -422,7 +426,7 @@ pub fn discover(
 /// What changed for recorded handlers since install: one line per handler that no longer
 /// resolves, or now runs another configuration than the one its drop-in was written for
 /// (`recorded`: handler and the node path of that configuration).
-pub fn drift(root: &Root, recorded: &[(String, String)], tee: Tee) -> Result<Vec<String>> {
+pub fn drift(root: &Root, recorded: &[(String, String)], tee: Provider) -> Result<Vec<String>> {
     if recorded.is_empty() {
         return Ok(Vec::new());
     }

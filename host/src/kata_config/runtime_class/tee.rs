@@ -4,71 +4,36 @@
 //!
 //! Facts (kata-containers 7c6ba40, `src/runtime/config/configuration-qemu-*.toml.in` and
 //! `src/runtime-rs/config/configuration-qemu-*-runtime-rs.toml.in`): every TEE
-//! configuration has `[hypervisor.qemu]` with `confidential_guest = true`; SNP ones (plain
-//! and NVIDIA GPU) also `sev_snp_guest = true`; TDX ones `tdx_quote_generation_service_socket_port`;
-//! IBM SE ones `machine_type = "s390-ccw-virtio"`. kata-deploy names a shim's file
-//! `configuration-<shim>.toml` (a custom runtime's `configuration-<base shim>.toml`), and
-//! OpenShift `/etc/kata-containers/kata-<tee>/configuration.toml`.
+//! configuration has `[hypervisor.qemu]` with `confidential_guest = true`, and each TEE's
+//! (plain and NVIDIA GPU) one setting of its own, the provider's marker in the shared facts
+//! (`kata_addons_facts::Marker`: SNP `sev_snp_guest = true`, TDX
+//! `tdx_quote_generation_service_socket_port`, IBM SE `machine_type = "s390-ccw-virtio"`).
+//! kata-deploy names a shim's file `configuration-<shim>.toml` (a custom runtime's
+//! `configuration-<base shim>.toml`), and OpenShift
+//! `/etc/kata-containers/kata-<tee>/configuration.toml`. The TEE is the WIT `Provider`.
+
+use kata_addons_facts::PROVIDERS;
 
 use crate::kata_config::files::{self as runtime, RuntimeConfig};
 use crate::node::Root;
+use crate::policy::Provider;
 
-/// A confidential-computing technology a provider boots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tee {
-    /// IBM Secure Execution.
-    Se,
-    /// Intel TDX.
-    Tdx,
-    /// AMD SEV-SNP.
-    Snp,
-}
-
-impl Tee {
-    /// The provider name (`se`, `tdx`, `snp`).
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Tee::Se => "se",
-            Tee::Tdx => "tdx",
-            Tee::Snp => "snp",
-        }
-    }
-
-    /// The TEE of a provider.
-    pub(crate) fn of(p: crate::policy::Provider) -> Tee {
-        match p {
-            crate::policy::Provider::Se => Tee::Se,
-            crate::policy::Provider::Tdx => Tee::Tdx,
-            crate::policy::Provider::Snp => Tee::Snp,
-        }
-    }
-
-    fn from_suffix(s: &str) -> Option<Tee> {
-        match s {
-            "se" => Some(Tee::Se),
-            "tdx" => Some(Tee::Tdx),
-            "snp" => Some(Tee::Snp),
-            _ => None,
-        }
-    }
-}
-
-/// The TEE a runtime configuration's path says: OpenShift's `kata-<tee>/configuration.toml`,
+/// The provider a runtime configuration's path says: OpenShift's `kata-<tee>/configuration.toml`,
 /// or a kata-deploy shim `configuration-<...>-<tee>[-runtime-rs].toml`.
-pub(crate) fn of_layout(node_path: &str) -> Option<Tee> {
+pub(crate) fn of_layout(node_path: &str) -> Option<Provider> {
     let mut parts = node_path.rsplit('/');
     let file = parts.next()?;
     if file == "configuration.toml" {
-        return parts.next()?.strip_prefix("kata-").and_then(Tee::from_suffix);
+        return parts.next()?.strip_prefix("kata-").and_then(Provider::from_wit_name);
     }
     let shim = file.strip_prefix("configuration-")?.strip_suffix(".toml")?;
     let shim = shim.strip_suffix("-runtime-rs").unwrap_or(shim);
-    Tee::from_suffix(shim.rsplit('-').next()?)
+    Provider::from_wit_name(shim.rsplit('-').next()?)
 }
 
 /// Checks that `rc` is a Kata configuration Kata loads and that it boots `tee`; the error
 /// says what the file and its fragments say instead.
-pub(crate) fn check(root: &Root, rc: &RuntimeConfig, tee: Tee) -> Result<(), String> {
+pub(crate) fn check(root: &Root, rc: &RuntimeConfig, tee: Provider) -> Result<(), String> {
     let ours = kata_addons_facts::DROP_IN_NAME;
     let fragments: Vec<runtime::Fragment> = runtime::fragments(root, &rc.rel)
         .map_err(|e| format!("{e:#}"))?
@@ -97,7 +62,7 @@ pub(crate) fn check(root: &Root, rc: &RuntimeConfig, tee: Tee) -> Result<(), Str
         return Err(format!(
             "not a QEMU Kata configuration (hypervisor tables: {}): the {} provider boots [hypervisor.qemu]",
             if hypervisors.is_empty() { "none".to_string() } else { hypervisors.join(", ") },
-            tee.name()
+            tee
         ));
     }
     let truthy = |k: &str| get(k).is_some_and(|s| s.value == "true");
@@ -105,30 +70,25 @@ pub(crate) fn check(root: &Root, rc: &RuntimeConfig, tee: Tee) -> Result<(), Str
         return Err(format!(
             "not a confidential guest configuration (hypervisor.qemu.confidential_guest is {}): not a {} TEE",
             get("confidential_guest").map_or("not set".to_string(), |s| format!("{} in {}", s.value, s.from)),
-            tee.name()
+            tee
         ));
     }
-    let by_settings = if truthy("sev_snp_guest") {
-        Some((Tee::Snp, "sev_snp_guest = true"))
-    } else if get("tdx_quote_generation_service_socket_port").is_some() {
-        Some((Tee::Tdx, "tdx_quote_generation_service_socket_port is set"))
-    } else if get("machine_type").is_some_and(|s| s.value == "s390-ccw-virtio") {
-        Some((Tee::Se, "machine_type = \"s390-ccw-virtio\""))
-    } else {
-        None
-    };
+    // Each provider's marker setting (`ProviderLayout::marker`), looked at in the order
+    // snp, tdx, se.
+    let by_settings = Provider::ALL.iter().rev().find_map(|p| {
+        let m = p.layout().marker;
+        get(m.key()).is_some_and(|s| m.matches(&s.value)).then(|| (*p, m.to_string()))
+    });
     let by_layout = of_layout(&rc.resolved).or_else(|| of_layout(&rc.named));
     match (by_settings, by_layout) {
         (Some((t, _)), _) if t == tee => Ok(()),
-        (Some((t, why)), _) => Err(format!("a {} configuration ({why}), not {}", t.name(), tee.name())),
+        (Some((t, why)), _) => Err(format!("a {} configuration ({why}), not {}", t, tee)),
         (None, Some(t)) if t == tee => Ok(()),
-        (None, Some(t)) => {
-            Err(format!("a {} configuration by its place in the Kata layout, not {}", t.name(), tee.name()))
-        }
+        (None, Some(t)) => Err(format!("a {} configuration by its place in the Kata layout, not {}", t, tee)),
         (None, None) => Err(format!(
-            "neither its settings (sev_snp_guest, tdx_quote_generation_service_socket_port, machine_type) nor its \
-             name say which TEE it boots; kata-addons does not guess that it is {}",
-            tee.name()
+            "neither its settings ({}) nor its name say which TEE it boots; kata-addons does not guess that it is {}",
+            PROVIDERS.iter().rev().map(|p| p.marker.key()).collect::<Vec<_>>().join(", "),
+            tee
         )),
     }
 }

@@ -2,7 +2,8 @@
 //! is in `tests/tests/runtime_class.rs`.
 
 use super::files::clean_abs;
-use super::tee::{Tee, of_layout};
+use super::tee::of_layout;
+use crate::policy::Provider;
 
 #[test]
 fn paths_are_cleaned_as_go_cleans_them() {
@@ -16,16 +17,16 @@ fn paths_are_cleaned_as_go_cleans_them() {
 fn the_layout_names_the_tee() {
     let d = "/opt/kata/share/defaults/kata-containers";
     for (p, t) in [
-        ("/etc/kata-containers/kata-snp/configuration.toml", Some(Tee::Snp)),
-        ("/etc/kata-containers/kata-se/configuration.toml", Some(Tee::Se)),
-        (&format!("{d}/runtimes/qemu-tdx/configuration-qemu-tdx.toml") as &str, Some(Tee::Tdx)),
+        ("/etc/kata-containers/kata-snp/configuration.toml", Some(Provider::Snp)),
+        ("/etc/kata-containers/kata-se/configuration.toml", Some(Provider::Se)),
+        (&format!("{d}/runtimes/qemu-tdx/configuration-qemu-tdx.toml") as &str, Some(Provider::Tdx)),
         (
             &format!(
                 "{d}/runtime-rs/runtimes/qemu-nvidia-gpu-snp-runtime-rs/configuration-qemu-nvidia-gpu-snp-runtime-rs.toml"
             ),
-            Some(Tee::Snp),
+            Some(Provider::Snp),
         ),
-        (&format!("{d}/custom-runtimes/my-gpu/configuration-qemu-nvidia-gpu-tdx.toml"), Some(Tee::Tdx)),
+        (&format!("{d}/custom-runtimes/my-gpu/configuration-qemu-nvidia-gpu-tdx.toml"), Some(Provider::Tdx)),
         (&format!("{d}/runtimes/qemu/configuration-qemu.toml"), None),
         (&format!("{d}/runtimes/qemu-coco-dev/configuration-qemu-coco-dev.toml"), None),
         ("/etc/kata-containers/configuration.toml", None),
