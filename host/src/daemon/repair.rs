@@ -66,7 +66,7 @@ fn installed_info(st: &State) -> InstalledInfo {
         version: st.version.clone(),
         image: st.image.clone(),
         digest: st.manifest_digest.clone(),
-        provider: st.provider.name().to_string(),
+        provider: st.provider.wit_name().to_string(),
         runtime_class: st.runtime_classes.join(","),
     }
 }
