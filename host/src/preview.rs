@@ -41,6 +41,8 @@ pub struct Preview {
     /// The Kata release check install makes (`kataVersion` against the node's release;
     /// docs/configuration.md#kataversion), with the node's release when a root was read.
     pub kata_check: String,
+    /// The node's registry configuration for the image and its hosts in order (as `status`).
+    pub registry: Vec<String>,
 }
 
 /// Runs `env` (for ConfigMap input), `plan` and `render` without looking at any node:
@@ -52,7 +54,7 @@ pub fn compute(policy: &Policy, input: &Input) -> Result<Preview, PolicyError> {
     let first: Vec<_> = plan.runtime_configs.iter().take(1).map(|p| path_only_facts(p)).collect();
     let drop_ins = policy.render(&plan, &installed, &first)?;
     let kata_check = crate::kata_release::preview_line(&plan, None);
-    Ok(Preview { env, plan, installed, drop_ins, note: None, kata_check })
+    Ok(Preview { env, plan, installed, drop_ins, note: None, kata_check, registry: Vec::new() })
 }
 
 /// Like [`compute`], for the runtime configurations found under `root` (read only); when
@@ -83,7 +85,8 @@ pub(crate) fn compute_on(
     };
     let node = crate::kata_release::observe(root, &selection.kata_prefix);
     let kata_check = crate::kata_release::preview_line(&plan, Some(&node));
-    Ok(Preview { env, plan, installed, drop_ins, note, kata_check })
+    let registry = crate::source::containerd_pull::status_lines(root, &plan.image);
+    Ok(Preview { env, plan, installed, drop_ins, note, kata_check, registry })
 }
 
 /// The plan as JSON (camelCase keys).
@@ -136,6 +139,7 @@ pub(crate) fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<
                 })).collect::<Vec<_>>(),
                 "note": p.note,
                 "kataCheck": p.kata_check,
+                "registry": p.registry,
                 "invalidates": crate::attest::invalidates::names(&p.plan),
                 "invalidatesOn": crate::attest::invalidates::targets(&p.plan),
                 "plan": plan_json(&p.plan),
@@ -177,6 +181,12 @@ pub(crate) fn print(p: &Preview, format: Format, out: &mut dyn Write) -> Result<
                 }
             }
             writeln!(out, "\nKata release: {}", p.kata_check)?;
+            if !p.registry.is_empty() {
+                writeln!(out, "\nRegistry:")?;
+                for l in &p.registry {
+                    writeln!(out, "  {l}")?;
+                }
+            }
             if let Some(l) = crate::attest::invalidates::line(&p.plan) {
                 writeln!(out, "\nAttestation: {l}: register the new reference values (kata-addons reference-values)")?;
             }

@@ -957,3 +957,40 @@ fn pull_through_cache_serves_the_fleet_and_a_dead_one_falls_back() {
     assert!(t.elapsed() < Duration::from_secs(30), "fell back within the deadline: {:?}", t.elapsed());
     assert!(requests(&u.log(), before).iter().any(|(_, p)| p.ends_with(&format!("/blobs/{top}"))));
 }
+
+#[test]
+fn preview_shows_the_hosts_in_order_with_file_and_line() {
+    // File order, not name order: `zz` first, then `aa`, then the server.
+    let node = Node::new();
+    node.write(
+        "upstream.test/hosts.toml",
+        b"server = \"http://127.0.0.1:9\"\n\n[host.\"http://zz.test:5000\"]\n  capabilities = [\"pull\", \"resolve\"]\n\
+          [host.\"http://aa.test:5000\"]\n  capabilities = [\"pull\"]\n",
+    );
+    let root = node.root.path().to_str().expect("utf8");
+    let env = [("ADDON_IMAGE", "upstream.test/c/x:v1"), ("ADDON_KERNEL_PATH", "/boot/vmlinuz")];
+    let out = kata_addons_tests::run_kata_env(&["preview", "--root", root], &env);
+    assert!(out.status.success(), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let file = "etc/containerd/certs.d/upstream.test/hosts.toml";
+    let want = [
+        "registry configuration: containerd hosts.toml".to_string(),
+        "host 1: http://zz.test:5000/v2 [pull, resolve] from ".to_string(),
+        format!("{file}:3 [host.\"http://zz.test:5000\"]"),
+        "host 2: http://aa.test:5000/v2 [pull: digests and blobs only] from ".to_string(),
+        format!("{file}:5 [host.\"http://aa.test:5000\"]"),
+        "host 3: http://127.0.0.1:9/v2 [pull, resolve] from ".to_string(),
+        format!("{file}:1 server"),
+    ];
+    let mut at = 0;
+    for w in &want {
+        let i = text[at..].find(w.as_str()).unwrap_or_else(|| panic!("{w:?} after byte {at}\n{}", show(&out)));
+        at += i + w.len();
+    }
+    // The same lines in the JSON output, and the same as `status` would print.
+    let out = kata_addons_tests::run_kata_env(&["preview", "--root", root, "--output", "json"], &env);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let lines: Vec<&str> = v["registry"].as_array().expect("registry").iter().filter_map(|l| l.as_str()).collect();
+    assert_eq!(lines.len(), 4, "{v}");
+    assert!(lines[1].starts_with("host 1: http://zz.test:5000/v2") && lines[3].ends_with(":1 server"), "{lines:?}");
+}

@@ -186,7 +186,7 @@ pub enum Command {
         /// Output format.
         #[arg(long, short, value_enum, default_value_t = PreviewFormat::Text)]
         output: PreviewFormat,
-        /// Node root to look for runtime configurations in (read only).
+        /// Node root to look for runtime configurations and registry hosts in (read only).
         #[arg(long, value_name = "DIR", default_value = "/")]
         root: PathBuf,
         /// Runtime configuration selection.
