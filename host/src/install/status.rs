@@ -156,9 +156,20 @@ pub enum Depth {
 /// the configuration its drop-in was written for.
 pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
     let root = Root::open(&site.root)?;
-    let kata_now = crate::kata_release::observe(&site.root, kata_addons_facts::DEFAULT_KATA_PREFIX);
+    let recorded = match open_addons(&root)? {
+        Some(addons) => state::read(&addons)?,
+        None => None,
+    };
+    let wanted = recorded.as_ref().and_then(|st| st.kata.as_ref()).and_then(crate::state::KataRecord::wanted);
+    // The readiness probe (every 30 s) reads the node's RPM database only when there is a
+    // `kataVersion` to check against it.
+    let kata_now = match (artifacts, &wanted) {
+        (Depth::Size, None) => Err("not read by the readiness probe (no kataVersion to check)".to_string()),
+        _ => crate::kata_release::observe(&site.root, kata_addons_facts::DEFAULT_KATA_PREFIX),
+    };
     let kata_release = match &kata_now {
         Ok(n) => n.to_string(),
+        Err(e) if wanted.is_none() && artifacts == Depth::Size => e.clone(),
         Err(e) => format!("unreadable: {e}"),
     };
     let nothing = || Status {
@@ -168,12 +179,11 @@ pub fn status(site: &Site, artifacts: Depth) -> Result<Status> {
         kata_release: kata_release.clone(),
         registry: vec![],
     };
-    let Some(addons) = open_addons(&root)? else { return Ok(nothing()) };
-    let Some(st) = state::read(&addons)? else { return Ok(nothing()) };
+    let Some(st) = recorded else { return Ok(nothing()) };
     let mut problems = Vec::new();
     // The node's Kata changed under an addon installed for another release.
-    if let Some(w) = st.kata.as_ref().and_then(crate::state::KataRecord::wanted)
-        && let Err(why) = crate::kata_release::check(&w, &kata_now)
+    if let Some(w) = &wanted
+        && let Err(why) = crate::kata_release::check(w, &kata_now)
     {
         let then = st.kata.as_ref().map(|k| k.node.as_str()).unwrap_or_default();
         problems.push(format!("{why} (installed when the node had {then})"));
