@@ -15,6 +15,7 @@ use std::time::Duration;
 use kata_addons_tests::daemon::{ConfigMapDir, Daemon, json_lines_with, log_lines_with, wait_for};
 use kata_addons_tests::image::{Compress, Image, LayerBuilder};
 use kata_addons_tests::node::{Node, content_snapshot, layout_with, noise};
+use kata_addons_tests::prometheus::{free_port, get};
 use kata_addons_tests::proxy::{Proxy, Rules};
 use kata_addons_tests::registry::Registry;
 use kata_addons_tests::{kata_addons_bin, run_kata_env, sha256_hex, show};
@@ -251,20 +252,30 @@ fn one_daemon_owns_a_root_and_a_dead_owner_is_taken_over() {
     let data_a: Vec<(&str, &str)> = data_a.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let cm_a = ConfigMapDir::new(&data_a);
     let json = ["--log-format", "json"];
+    // Each daemon serves metrics: `kata_addons_ready` is the readiness file's decision.
     let spawn = |name: &str, cm: &Path| {
         let ready = dir.path().join(format!("ready-{name}"));
-        let d = Daemon::spawn(&json, &[], node.root(), Some(cm), &ready, dir.path().join(format!("{name}.log")));
-        (d, ready)
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let m = addr.to_string();
+        let args = ["--metrics-address", m.as_str()];
+        let d = Daemon::spawn(&json, &args, node.root(), Some(cm), &ready, dir.path().join(format!("{name}.log")));
+        (d, ready, addr)
     };
-    let (mut a, ready_a) = spawn("a", cm_a.path());
+    let ready_metric = |addr: std::net::SocketAddr| {
+        get(addr, "/metrics", &[]).ok().and_then(|(_, t)| {
+            t.lines().find_map(|l| l.strip_prefix("kata_addons_ready ").map(|v| v.trim().to_string()))
+        })
+    };
+    let (mut a, ready_a, _) = spawn("a", cm_a.path());
     wait_for("a ready", Duration::from_secs(60), || ready_a.exists(), || a.log());
     assert_eq!(owner_pid(&node), Some(u64::from(a.child.id())), "{}", a.log());
     let pid_a = format!("pid {} ", a.child.id());
 
     // Same input: stands by, ready, names the owner.
     let cm_c = ConfigMapDir::new(&data_a);
-    let (mut c, ready_c) = spawn("c", cm_c.path());
+    let (mut c, ready_c, metrics_c) = spawn("c", cm_c.path());
     wait_for("c standing by", Duration::from_secs(30), || ready_c.exists(), || c.log());
+    wait_for("c's ready 1", Duration::from_secs(30), || ready_metric(metrics_c).as_deref() == Some("1"), || c.log());
     let readiness = std::fs::read_to_string(&ready_c).expect("ready c");
     assert!(readiness.contains("standby: owned by the daemon ") && readiness.contains(&pid_a), "{readiness}");
     c.signal("TERM");
@@ -274,7 +285,7 @@ fn one_daemon_owns_a_root_and_a_dead_owner_is_taken_over() {
     // Other input: refuses, not ready, nothing reinstalled.
     let before = installed(&node);
     let cm_b = ConfigMapDir::new(&[("addonImage", &img("l2", "v2")), ("kernelPath", "/vmlinuz")]);
-    let (b, ready_b) = spawn("b", cm_b.path());
+    let (b, ready_b, metrics_b) = spawn("b", cm_b.path());
     wait_for(
         "b refusing",
         Duration::from_secs(30),
@@ -284,6 +295,7 @@ fn one_daemon_owns_a_root_and_a_dead_owner_is_taken_over() {
     let refusal = &log_lines_with(&b.log(), "refusing to act")[0];
     assert!(refusal["owner"].as_str().is_some_and(|o| o.starts_with(&pid_a)), "the log names the owner: {refusal}");
     assert!(!ready_b.exists(), "a refusing daemon is not ready");
+    assert_eq!(ready_metric(metrics_b).as_deref(), Some("0"), "and says so in its metrics: {}", b.log());
     let probe = |ready: &Path| {
         run_kata_env(
             &["status", "--root", node.root().to_str().expect("utf8"), "--ready-file", ready.to_str().expect("utf8")],
