@@ -386,7 +386,8 @@ impl Run<'_> {
         };
         let waiting = self.backoff.pending(&self.digest).or_else(|| self.repairs.waiting(&self.good_digest()));
         d.metrics.backoff(waiting.map(|r| r.wait));
-        d.metrics.ready(lines.is_some());
+        // Ready as `status --ready-file` decides: the file, and no `not ready:` line in it.
+        d.metrics.ready(lines.as_ref().is_some_and(|l| !l.iter().any(|x| x.starts_with(NOT_READY))));
         if key(&lines) == key(&self.readiness) {
             return Ok(());
         }

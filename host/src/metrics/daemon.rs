@@ -207,7 +207,7 @@ impl DaemonMetrics {
         );
         r.register(
             "kata_addons_ready",
-            "1 while the daemon is ready (its readiness file exists), else 0",
+            "1 while the daemon is ready (its readiness file exists and has no `not ready:` line), else 0",
             m.ready.clone(),
         );
         r.register_with_unit(
