@@ -291,6 +291,35 @@ fn extensions(c: &Cfg<'_>, origin: &str) -> Vec<Param> {
         .collect()
 }
 
+/// The Go runtime's agent parameters (`kata_agent.go`), from the `[agent.*]` table.
+fn go_agent(c: &Cfg<'_>) -> Result<Vec<Param>, String> {
+    let mut out = Vec::new();
+    let agent = agent_table(c)?;
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    if c.flag(&agent, "enable_debug", false)? {
+        out.push(p("agent.log", "debug", "go kata_agent.go:350 (agent enable_debug)"));
+    }
+    if c.flag(&agent, "enable_tracing", false)? {
+        out.push(p("agent.trace", "true", "go kata_agent.go:354 (agent enable_tracing)"));
+    }
+    if c.flag(&agent, "debug_console_enabled", false)? {
+        out.push(p("agent.debug_console", "", "go kata_agent.go:363 (debug_console_enabled)"));
+        out.push(p("agent.debug_console_vport", "1026", "go kata_agent.go:364 (debug_console_enabled)"));
+    }
+    for (key, param, line) in [
+        ("cdh_api_timeout", "agent.cdh_api_timeout", "367"),
+        ("launch_process_timeout", "agent.launch_process_timeout", "372"),
+    ] {
+        if let Some((n, from)) = c.unsigned(&agent, key)?.filter(|(n, _)| *n > 0) {
+            out.push(p(param, &n.to_string(), &format!("go kata_agent.go:{line} ({key} in {from})")));
+        }
+    }
+    if c.flag(&agent, "visible_cdi_devices", false)? {
+        out.push(p("agent.visible_cdi_devices", "true", "go kata_agent.go:377 (visible_cdi_devices)"));
+    }
+    Ok(out)
+}
+
 /// The Go runtime's parameters, in its order (see the module documentation).
 fn go(c: &Cfg<'_>, image: bool, inp: &Inputs<'_>) -> Result<Vec<Param>, String> {
     const BASE: [(&str, &str); 12] = [
@@ -369,29 +398,7 @@ fn go(c: &Cfg<'_>, image: bool, inp: &Inputs<'_>) -> Result<Vec<Param>, String> 
             ));
         }
     }
-    let agent = agent_table(c)?;
-    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
-    if c.flag(&agent, "enable_debug", false)? {
-        out.push(p("agent.log", "debug", "go kata_agent.go:350 (agent enable_debug)"));
-    }
-    if c.flag(&agent, "enable_tracing", false)? {
-        out.push(p("agent.trace", "true", "go kata_agent.go:354 (agent enable_tracing)"));
-    }
-    if c.flag(&agent, "debug_console_enabled", false)? {
-        out.push(p("agent.debug_console", "", "go kata_agent.go:363 (debug_console_enabled)"));
-        out.push(p("agent.debug_console_vport", "1026", "go kata_agent.go:364 (debug_console_enabled)"));
-    }
-    for (key, param, line) in [
-        ("cdh_api_timeout", "agent.cdh_api_timeout", "367"),
-        ("launch_process_timeout", "agent.launch_process_timeout", "372"),
-    ] {
-        if let Some((n, from)) = c.unsigned(&agent, key)?.filter(|(n, _)| *n > 0) {
-            out.push(p(param, &n.to_string(), &format!("go kata_agent.go:{line} ({key} in {from})")));
-        }
-    }
-    if c.flag(&agent, "visible_cdi_devices", false)? {
-        out.push(p("agent.visible_cdi_devices", "true", "go kata_agent.go:377 (visible_cdi_devices)"));
-    }
+    out.extend(go_agent(c)?);
     if let Some((s, from)) = c.string(HV, "kernel_params")? {
         out.extend(split_params(&s, &format!("kernel_params ({from})")));
     }

@@ -82,55 +82,64 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Status { node, output, ready_file } => {
             let depth = if ready_file.is_some() { install::Depth::Size } else { install::Depth::Hash };
             let st = install::status(&node.site(), depth)?;
-            let daemon = match &ready_file {
-                Some(f) => match daemon::read_ready(f)? {
-                    Some(lines) => {
-                        if let Some(why) = lines.iter().find_map(|l| l.strip_prefix(daemon::NOT_READY)) {
-                            bail!("the daemon is not ready: {why}");
-                        }
-                        Some(lines)
-                    }
-                    None => bail!(
-                        "the daemon is not ready: {} does not exist (it appears once the daemon's action succeeded, \
-                         and is absent while another daemon with other input owns the node root; see the daemon's log)",
-                        f.display()
-                    ),
-                },
-                None => None,
-            };
+            let daemon = ready_file.as_deref().map(daemon_readiness).transpose()?;
             print_status(&st, daemon.as_deref(), output)?;
             Ok(ExitCode::from(st.exit_code()))
         }
         Command::ReferenceValues(args) => reference_values(&args),
-        Command::Webhook(args) => {
-            let options = args.options()?;
-            let policy = g.load_policy()?;
-            let rt = runtime()?;
-            let mut registry = metrics::Registry::default();
-            let recorder = metrics::webhook::WebhookMetrics::register(&mut registry);
-            if let Some(addr) = options.metrics {
-                rt.block_on(metrics::serve::spawn(addr, registry))?;
-            }
-            rt.block_on(webhook::serve(&options, policy, recorder))?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Daemon(args) => {
-            let options = args.options()?;
-            let policy = g.load_policy()?;
-            let rt = runtime()?;
-            let mut registry = metrics::Registry::default();
-            let recorder = metrics::daemon::DaemonMetrics::register(&mut registry);
-            if let Some(addr) = options.metrics {
-                rt.block_on(metrics::serve::spawn(addr, registry))?;
-            }
-            let result = rt.block_on(daemon::Daemon::new(options, recorder).run(&policy));
-            // An install abandoned on SIGTERM may still run on the blocking pool: do not
-            // wait for it (the node keeps its previous state, as after a crash).
-            rt.shutdown_timeout(std::time::Duration::from_millis(100));
-            result?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Webhook(args) => serve_webhook(&g, &args),
+        Command::Daemon(args) => run_daemon(&g, &args),
     }
+}
+
+/// `status --ready-file F`: the daemon's readiness lines; not ready (absent, or a
+/// not-ready line) is an error saying why.
+fn daemon_readiness(f: &Path) -> Result<Vec<String>> {
+    match daemon::read_ready(f)? {
+        Some(lines) => {
+            if let Some(why) = lines.iter().find_map(|l| l.strip_prefix(daemon::NOT_READY)) {
+                bail!("the daemon is not ready: {why}");
+            }
+            Ok(lines)
+        }
+        None => bail!(
+            "the daemon is not ready: {} does not exist (it appears once the daemon's action succeeded, \
+             and is absent while another daemon with other input owns the node root; see the daemon's log)",
+            f.display()
+        ),
+    }
+}
+
+/// `kata-addons webhook`: serves admission reviews (and `/metrics` when asked) until SIGTERM.
+fn serve_webhook(g: &super::GlobalArgs, args: &super::WebhookArgs) -> Result<ExitCode> {
+    let options = args.options()?;
+    let policy = g.load_policy()?;
+    let rt = runtime()?;
+    let mut registry = metrics::Registry::default();
+    let recorder = metrics::webhook::WebhookMetrics::register(&mut registry);
+    if let Some(addr) = options.metrics {
+        rt.block_on(metrics::serve::spawn(addr, registry))?;
+    }
+    rt.block_on(webhook::serve(&options, policy, recorder))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kata-addons daemon`: reconciles the node (and serves `/metrics` when asked) until SIGTERM.
+fn run_daemon(g: &super::GlobalArgs, args: &super::DaemonArgs) -> Result<ExitCode> {
+    let options = args.options()?;
+    let policy = g.load_policy()?;
+    let rt = runtime()?;
+    let mut registry = metrics::Registry::default();
+    let recorder = metrics::daemon::DaemonMetrics::register(&mut registry);
+    if let Some(addr) = options.metrics {
+        rt.block_on(metrics::serve::spawn(addr, registry))?;
+    }
+    let result = rt.block_on(daemon::Daemon::new(options, recorder).run(&policy));
+    // An install abandoned on SIGTERM may still run on the blocking pool: do not
+    // wait for it (the node keeps its previous state, as after a crash).
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    result?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `kata-addons reference-values`: the values of what the state records, printed in the
