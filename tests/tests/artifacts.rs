@@ -9,15 +9,10 @@ use kata_addons_tests::image::{Compress, Image, LayerBuilder};
 use kata_addons_tests::node::{Node, Tmpfs, content_snapshot, extension_entries, noise};
 use kata_addons_tests::oras::{self, Workdir};
 use kata_addons_tests::registry::{Registry, RegistryConfig};
-use kata_addons_tests::{run_kata_env, sha256_hex, show};
+use kata_addons_tests::{run_kata_env as kata, sha256_hex, show};
 
 /// What `oras push --artifact-type` of guest-components' extension disk names.
 const COCO_EXTENSION: &str = "application/vnd.confidential-containers.coco-extension.disk";
-
-/// Runs `kata-addons` with a clean environment plus `env`.
-fn kata(args: &[&str], env: &[(&str, &str)]) -> Output {
-    run_kata_env(args, env)
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

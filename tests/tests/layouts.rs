@@ -7,18 +7,13 @@
 use std::process::{Command, Output};
 
 use kata_addons_tests::node::{BASE_CONFIG, KATA_DEPLOY_DEFAULTS, Node, content_snapshot, layout_with, noise};
-use kata_addons_tests::{kata_addons_bin, run_kata_env, sha256_hex, show};
+use kata_addons_tests::{kata_addons_bin, run_kata_env as kata, sha256_hex, show};
 
 /// [`content_snapshot`] / [`Node::snapshot`] without the node lock (`/run/kata-addons.lock`),
 /// which the runner keeps.
 fn without_lock(mut m: std::collections::BTreeMap<String, String>) -> std::collections::BTreeMap<String, String> {
     m.retain(|k, _| !k.starts_with("run"));
     m
-}
-
-/// Runs `kata-addons` with a clean environment plus `env`.
-fn kata(args: &[&str], env: &[(&str, &str)]) -> Output {
-    run_kata_env(args, env)
 }
 
 /// Two versions of a TDX kernel + initrd in OCI layouts.

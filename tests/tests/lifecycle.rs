@@ -7,12 +7,7 @@ use std::process::{Command, Output};
 
 use kata_addons_tests::node::{Node, Tmpfs, content_snapshot, layout_with, noise};
 use kata_addons_tests::registry::Registry;
-use kata_addons_tests::{kata_addons_bin, run_kata_env, sha256_hex, show};
-
-/// Runs `kata-addons` with a clean environment plus `env`.
-fn kata(args: &[&str], env: &[(&str, &str)]) -> Output {
-    run_kata_env(args, env)
-}
+use kata_addons_tests::{kata_addons_bin, run_kata_env as kata, sha256_hex, show};
 
 fn root_arg(node: &Node) -> String {
     node.root().display().to_string()

@@ -18,15 +18,10 @@ use kata_addons_tests::{kata_addons_bin, show};
 
 const SHIM: &str = "qemu-snp-runtime-rs";
 const STATE: &str = "/etc/kata-containers/addons/state.json";
+
+/// Runs `kata-addons` with a clean environment.
 fn kata(args: &[&str]) -> Output {
-    let home = tempfile::tempdir().expect("temp HOME");
-    Command::new(kata_addons_bin())
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", home.path())
-        .args(args)
-        .output()
-        .expect("run kata-addons")
+    kata_addons_tests::run_kata_env(args, &[])
 }
 
 fn write_configmap(dir: &Path, name: &str, pairs: &[(&str, &str)]) -> String {

@@ -18,8 +18,8 @@ use base64::Engine;
 use kata_addons_tests::image::{Compress, Image, LayerBuilder};
 use kata_addons_tests::node::Node;
 use kata_addons_tests::registry::{Registry, RegistryConfig};
+use kata_addons_tests::show;
 use kata_addons_tests::tls::TestCa;
-use kata_addons_tests::{kata_addons_bin, show};
 use serde_json::json;
 
 const KERNEL: &str = "/artifacts/kernel/vmlinuz";
@@ -90,14 +90,9 @@ fn file(data: Vec<u8>) -> impl Fn(&Path) {
     move |p: &Path| write(p, &data)
 }
 
+/// Runs `kata-addons` with a clean environment plus `env`.
 fn kata(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let home = tempfile::tempdir().expect("home");
-    let mut c = Command::new(kata_addons_bin());
-    c.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default()).env("HOME", home.path());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.args(args).output().expect("run kata-addons")
+    kata_addons_tests::run_kata_env(args, env)
 }
 
 #[test]

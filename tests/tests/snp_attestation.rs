@@ -8,7 +8,7 @@
 //! daemon republishes after a ConfigMap change; uninstall removes the values.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use kata_addons_tests::daemon::{ConfigMapDir, Daemon, wait_for};
@@ -17,21 +17,15 @@ use kata_addons_tests::image::{Compress, Image, LayerBuilder};
 use kata_addons_tests::kata_deploy::{COCO_PARAMS, CONFIG, FIRMWARE, KERNEL, devkit_fragment, kata_config};
 use kata_addons_tests::node::{Node, content_snapshot};
 use kata_addons_tests::ovmf::{self, Ovmf};
-use kata_addons_tests::{kata_addons_bin, show};
+use kata_addons_tests::show;
 
 const ADDONS: &str = "/etc/kata-containers/addons";
 
+/// Runs `kata-addons` with a clean environment on the node `root`.
 fn kata(args: &[&str], root: &Path) -> Output {
-    let home = tempfile::tempdir().expect("temp HOME");
-    Command::new(kata_addons_bin())
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", home.path())
-        .args(args)
-        .arg("--root")
-        .arg(root)
-        .output()
-        .expect("run kata-addons")
+    let root = root.display().to_string();
+    let args: Vec<&str> = args.iter().copied().chain(["--root", &root]).collect();
+    kata_addons_tests::run_kata_env(&args, &[])
 }
 
 fn random(len: usize, seed: u64) -> Vec<u8> {
