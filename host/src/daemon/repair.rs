@@ -158,24 +158,7 @@ impl Daemon {
             facts: if full { FileFacts::new() } else { std::mem::take(&mut r.facts) },
             ..Default::default()
         };
-        let pulled = crate::progress::pulled_bytes();
-        let started = Instant::now();
-        let result = match plan::of(policy, input, &self.o.selection.kata_prefix) {
-            Ok((_, plan)) => {
-                install::install_observed(
-                    policy,
-                    &plan,
-                    &self.o.pull,
-                    &self.o.site,
-                    &self.o.selection,
-                    Pin::Recorded,
-                    &mut obs,
-                )
-                .await
-            }
-            Err(e) => Err(e.into()),
-        };
-        self.record(&result, Pass::Check { current }, pulled, started);
+        let result = self.planned_install(policy, input, Pin::Recorded, Pass::Check { current }, &mut obs).await;
         if full && result.is_ok() {
             r.last_full = Instant::now();
         }
@@ -328,28 +311,32 @@ impl Daemon {
         out
     }
 
-    /// Installs `input` (a ConfigMap change, or the first action), reporting in `obs` and
-    /// in the metrics (a refusal or failure is counted by the caller, which classifies it).
-    pub(super) async fn install(&self, policy: &Policy, input: &Input, obs: &mut Observed) -> Result<()> {
+    /// Plans `input` and installs it pinned by `pin`, reporting in `obs`; the pass is
+    /// recorded in the metrics (its pulled bytes and duration).
+    async fn planned_install(
+        &self,
+        policy: &Policy,
+        input: &Input,
+        pin: Pin,
+        pass: Pass,
+        obs: &mut Observed,
+    ) -> Result<Outcome> {
         let pulled = crate::progress::pulled_bytes();
         let started = Instant::now();
         let result = match plan::of(policy, input, &self.o.selection.kata_prefix) {
             Ok((_, plan)) => {
-                install::install_observed(
-                    policy,
-                    &plan,
-                    &self.o.pull,
-                    &self.o.site,
-                    &self.o.selection,
-                    Pin::Reference,
-                    obs,
-                )
-                .await
+                install::install_observed(policy, &plan, &self.o.pull, &self.o.site, &self.o.selection, pin, obs).await
             }
             Err(e) => Err(e.into()),
         };
-        self.record(&result, Pass::Apply, pulled, started);
-        let outcome = result?;
+        self.record(&result, pass, pulled, started);
+        result
+    }
+
+    /// Installs `input` (a ConfigMap change, or the first action), reporting in `obs` and
+    /// in the metrics (a refusal or failure is counted by the caller, which classifies it).
+    pub(super) async fn install(&self, policy: &Policy, input: &Input, obs: &mut Observed) -> Result<()> {
+        let outcome = self.planned_install(policy, input, Pin::Reference, Pass::Apply, obs).await?;
         let attest = obs.attest.as_deref().unwrap_or("none published");
         match outcome {
             Outcome::UpToDate(st) => tracing::info!(version = %st.version, reference_values = %attest, "up to date"),
