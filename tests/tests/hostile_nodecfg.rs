@@ -109,6 +109,29 @@ fn refused(node: &Node, before: &BTreeMap<String, String>, m: &Measured, code: i
     assert_eq!(&snap(node), before, "{what}: the node changed");
 }
 
+/// `install` with the handler is refused (exit 1, node unchanged, `needles` in the message)
+/// over the node's `what`; `install` of the standard configurations and `uninstall` go on,
+/// each within the bounds.
+fn refused_for_the_handler_only(
+    node: &Node,
+    dir: &Path,
+    image: &str,
+    before: &BTreeMap<String, String>,
+    needles: &[&str],
+    what: &str,
+) {
+    let rc = configmap(dir, "rc.yaml", &data(image, Some(HANDLER)));
+    let m = run(node, &["install", "--configmap", rc.to_str().expect("utf-8")]);
+    refused(node, before, &m, 1, needles, &format!("install with runtimeClass over {what}"));
+    let plain = configmap(dir, "plain.yaml", &data(image, None));
+    let m = run(node, &["install", "--configmap", plain.to_str().expect("utf-8")]);
+    bounded(&m, &format!("install over {what}"));
+    assert_eq!(m.code, Some(0), "{}", m.summary());
+    let m = run(node, &["uninstall"]);
+    bounded(&m, &format!("uninstall over {what}"));
+    assert_eq!(m.code, Some(0), "{}", m.summary());
+}
+
 fn remove_crio_loops(node: &Node) {
     for i in 0..5 {
         std::fs::remove_file(node.path(&format!("/etc/crio/crio.conf.d/loop{i}"))).expect("rm loop link");
@@ -127,23 +150,14 @@ fn crio_symlink_loops_are_refused_at_once() {
     let image = addon(dir.path());
     crio_loops(node.root());
     let before = snap(&node);
-    let rc = configmap(dir.path(), "rc.yaml", &data(&image, Some(HANDLER)));
-    let m = run(&node, &["install", "--configmap", rc.to_str().expect("utf-8")]);
-    refused(
+    refused_for_the_handler_only(
         &node,
+        dir.path(),
+        &image,
         &before,
-        &m,
-        1,
         &["/etc/crio/crio.conf.d/loop0 is a symlink to a directory", HANDLER],
-        "install with runtimeClass over crio.conf.d loops",
+        "crio.conf.d loops",
     );
-    let plain = configmap(dir.path(), "plain.yaml", &data(&image, None));
-    let m = run(&node, &["install", "--configmap", plain.to_str().expect("utf-8")]);
-    bounded(&m, "install over crio.conf.d loops");
-    assert_eq!(m.code, Some(0), "{}", m.summary());
-    let m = run(&node, &["uninstall"]);
-    bounded(&m, "uninstall over crio.conf.d loops");
-    assert_eq!(m.code, Some(0), "{}", m.summary());
 }
 
 /// Real directories deeper than CRI-O's drop-ins ever are: refused naming the directory,
@@ -174,23 +188,14 @@ fn containerd_import_fan_out_is_bounded() {
     let dir = tempfile::tempdir().expect("tmp");
     let image = addon(dir.path());
     let before = snap(&node);
-    let rc = configmap(dir.path(), "rc.yaml", &data(&image, Some(HANDLER)));
-    let m = run(&node, &["install", "--configmap", rc.to_str().expect("utf-8")]);
-    refused(
+    refused_for_the_handler_only(
         &node,
+        dir.path(),
+        &image,
         &before,
-        &m,
-        1,
         &["/etc/containerd/conf.d/f0", "bytes together, the most kata-addons reads", HANDLER],
-        "install with runtimeClass over an import fan-out",
+        "an import fan-out",
     );
-    let plain = configmap(dir.path(), "plain.yaml", &data(&image, None));
-    let m = run(&node, &["install", "--configmap", plain.to_str().expect("utf-8")]);
-    bounded(&m, "install over an import fan-out");
-    assert_eq!(m.code, Some(0), "{}", m.summary());
-    let m = run(&node, &["uninstall"]);
-    bounded(&m, "uninstall over an import fan-out");
-    assert_eq!(m.code, Some(0), "{}", m.summary());
 }
 
 /// `addonImage: [[[…]]]` nested 20,000 and 520,000 levels (under the 1 MiB cap): exit 2
